@@ -1,0 +1,206 @@
+"""Python front end: text in, text out, over the token-level engine.
+
+    from blockdraft import Pipeline
+    pipe = Pipeline.load()                                    # offline default pair
+    out = pipe.generate(chat="What is the capital of France?")
+    print(out.text, out.stats.mean_acceptance_length)
+    for delta in pipe.stream(prompt="def fib(n):"): print(delta, end="")
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from blockdraft.checkpoint import load_drafter
+from blockdraft.config import DrafterConfig
+from blockdraft.drafter import Drafter
+from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.registry import DEFAULT_TARGET, mask_token_for, resolve_target
+from blockdraft.sampling import SamplingParams
+from blockdraft.stats import GenerationStats
+from blockdraft.target import TargetModel
+
+log = logging.getLogger(__name__)
+
+Messages = Sequence[dict[str, str]]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 is slower there and fp32 keeps ties rare), bf16 on GPU."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def parse_dtype(name: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
+    if name is None or name == "auto":
+        return default_dtype(device)
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+    if name not in table:
+        raise InvalidArgumentError(f"dtype {name!r}: expected one of {sorted(table)} or 'auto'")
+    return table[name]
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    finish_reason: str  # "stop" (stop token or string) or "length"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict()}
+
+
+class TextStream:
+    """Iterator of text deltas; `.output` holds the full GenerationOutput once it is exhausted."""
+
+    def __init__(self, deltas: Iterator[str]) -> None:
+        self._deltas = deltas
+        self.output: GenerationOutput | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+
+class Pipeline:
+    """A target (+ tokenizer) and an optional DFlash drafter, ready to generate text."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, untrained_drafter: bool = False) -> None:
+        if target.tokenizer is None:
+            raise InvalidArgumentError("target has no tokenizer: expected one to encode and decode text")
+        self.target = target
+        self.drafter = drafter
+        self.untrained_drafter = untrained_drafter
+        self.engine = SpeculativeEngine(target, drafter)
+        self.tokenizer = target.tokenizer
+
+    @classmethod
+    def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
+             device: str | None = None, dtype: str | torch.dtype | None = None,
+             random_drafter_layers: int = 1, seed: int = 0) -> "Pipeline":
+        """Load a target by id or folder and a drafter folder.
+
+        Without `drafter`, a freshly initialised drafter is built for the target (it drafts nothing useful:
+        acceptance length ~1, output still exactly the target's); this is logged as a warning.
+        """
+        device = device or default_device()
+        torch_dtype = parse_dtype(dtype, device)
+        tgt = TargetModel.from_pretrained(resolve_target(target), device=device, dtype=torch_dtype)
+        if drafter is not None:
+            return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype))
+        log.warning("no trained drafter for %s: using a freshly initialised one (expect acceptance ~1)", target)
+        config = DrafterConfig.for_target(tgt.config_dict(), num_layers=random_drafter_layers,
+                                          mask_token_id=mask_token_for(target, tgt.tokenizer, tgt.vocab_size))
+        fresh = Drafter(config).init_weights(seed).to(device=device, dtype=torch_dtype).eval()
+        return cls(tgt, fresh, untrained_drafter=True)
+
+    # ------------------------------------------------------------------ text
+    def encode(self, prompt: str | None = None, chat: str | None = None, messages: Messages | None = None,
+               chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of a raw prompt, or of a chat (one user turn, or full messages) through the template."""
+        given = [x is not None for x in (prompt, chat, messages)]
+        if sum(given) != 1:
+            raise InvalidArgumentError("give exactly one of prompt, chat or messages")
+        if prompt is not None:
+            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        msgs = [{"role": "user", "content": chat}] if chat is not None else list(messages)
+        for m in msgs:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise InvalidArgumentError(f"message {m!r}: expected a dict with 'role' and 'content'")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgumentError("this tokenizer has no chat template: use prompt= instead of chat/messages")
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True, **(chat_template_kwargs or {}))["input_ids"]
+        return list(ids)
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        ids: set[int] = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.target.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return tuple(sorted(ids))
+
+    # ------------------------------------------------------------------ generate
+    def stream(self, prompt: str | None = None, *, chat: str | None = None, messages: Messages | None = None,
+               max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
+               stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
+               chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
+        """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
+        ids = self.encode(prompt, chat, messages, chat_template_kwargs)
+        stops = tuple(self.stop_token_ids() if stop_token_ids is None else stop_token_ids)
+        options = DecodeOptions(max_new_tokens=max_new_tokens, block_size=block_size, no_draft=no_draft,
+                                stop_token_ids=stops, sampling=SamplingParams(temperature, top_k, top_p, seed, draft))
+        if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidArgumentError(f"stop={stop!r}: expected a list of non-empty strings")
+        self.engine.block_size(options)  # validate before the first token
+        stream = TextStream(iter(()))
+        stream._deltas = self._deltas(ids, options, tuple(stop), stream)
+        return stream
+
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationOutput:
+        """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
+        seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy")."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        assert stream.output is not None
+        return stream.output
+
+    def _deltas(self, prompt_ids: list[int], options: DecodeOptions, stop: tuple[str, ...],
+                stream: TextStream) -> Iterator[str]:
+        stats = GenerationStats(block_size=1)
+        tokens: list[int] = []
+        emitted = 0
+        holdback = max((len(s) for s in stop), default=1) - 1
+        finish = "length"
+        for committed in self.engine.decode(prompt_ids, options, stats):
+            tokens.extend(committed)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            cut = _find_stop(text, stop, max(emitted - holdback, 0))
+            if cut is not None:
+                text, finish = text[:cut], "stop"
+            elif committed[-1] in options.stop_token_ids:
+                finish = "stop"
+            safe = len(text) if finish == "stop" else _stable_length(text, holdback)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+            if finish == "stop":
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        cut = _find_stop(text, stop, 0)
+        text = text[:cut] if cut is not None else text
+        if len(text) > emitted:
+            yield text[emitted:]
+        stream.output = GenerationOutput(text=text, token_ids=tokens, stats=stats, finish_reason=finish)
+
+
+def _find_stop(text: str, stops: tuple[str, ...], since: int) -> int | None:
+    hits = [i for i in (text.find(s, since) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _stable_length(text: str, holdback: int) -> int:
+    """How much of `text` can be shown: not an unfinished UTF-8 char, not a possible stop-string prefix."""
+    end = len(text) - holdback
+    while end > 0 and text[end - 1] == "\ufffd":
+        end -= 1
+    return max(end, 0)

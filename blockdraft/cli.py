@@ -1,0 +1,77 @@
+"""Command line: `blockdraft generate ...`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from blockdraft.errors import BlockdraftError
+from blockdraft.registry import DEFAULT_TARGET
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text with a target + DFlash drafter pair")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"short id, local folder or hub id (default {DEFAULT_TARGET})")
+    p.add_argument("--drafter", default=None, help="DFlash drafter folder (published z-lab format or ours)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="raw text prompt (no chat template)")
+    src.add_argument("--chat", help="one user message, formatted with the target's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None, help="run-time block size (<= the trained one)")
+    p.add_argument("--draft", choices=("sample", "greedy"), default="sample",
+                   help="with temperature > 0: sample drafts from the drafter or propose its argmax")
+    p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--stats", action="store_true", help="print the stats line after the text (stderr)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from blockdraft.api import Pipeline
+
+    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype)
+    if pipe.untrained_drafter and not args.no_draft:
+        print("note: no trained drafter given: using a freshly initialised drafter "
+              "(output is exactly the target's, but expect no speed-up)", file=sys.stderr)
+    stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                         block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft)
+    for delta in stream:
+        if not args.json:
+            print(delta, end="", flush=True)
+    out = stream.output
+    if args.json:
+        print(json.dumps(out.to_dict()))
+    else:
+        print()
+    if args.stats and not args.json:
+        print(f"[stats] {out.stats.summary()}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="blockdraft", description="DFlash speculative decoding")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return {"generate": run_generate}[args.command](args)
+    except BlockdraftError as e:
+        print(f"blockdraft: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

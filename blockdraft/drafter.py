@@ -1,0 +1,265 @@
+"""The DFlash drafter: a small block-diffusion transformer conditioned on target features.
+
+Shapes: b = batch, Q = block tokens (queries), C = context tokens, D = hidden size,
+H / Hkv = query / key-value heads, d = head_dim, K = number of target features.
+
+Each layer is the Qwen3 decoder layer except for attention: queries come from the block only, keys and
+values are [k_proj(ctx); k_proj(block)] and [v_proj(ctx); v_proj(block)] with the SAME projections, k-norm
+and RoPE at absolute positions. Context tokens never pass through q/o/MLP, so their K/V are computed once
+per committed token and cached (`DraftCache`). Block entries are never cached.
+The drafter owns no embedding and no LM head: the target's are used (frozen).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blockdraft.config import DrafterConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (b, Hkv, C, d) each
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE tables for absolute positions (default or linear-scaled).
+
+    The frequencies are a plain float32 attribute, not a buffer, so `.to(bfloat16)` cannot round them.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
+            inv_freq = inv_freq / float(scaling["factor"])
+        self.inv_freq = inv_freq.float()
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (b, T) -> cos, sin (b, 1, T, d), broadcastable over heads."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        angles = positions[..., None].float() * self.inv_freq  # (b, T, d/2)
+        emb = torch.cat([angles, angles], dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (b, h, T, d) rotated by the tables of its T positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None,
+               base: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Boolean attention mask (b, 1, Q, Kv) from positions, True = visible; None when all is visible.
+
+    `causal`: a key is visible only at positions <= the query's. `window`: only keys with
+    q_pos - k_pos < window (and, when not causal, k_pos - q_pos < window). `base` is ANDed in
+    (the training mask: anchor-strict context and same-block keys).
+    """
+    mask = base
+    if causal or window is not None:
+        diff = q_pos[:, :, None] - k_pos[:, None, :]  # (b, Q, Kv)
+        layer = torch.ones_like(diff, dtype=torch.bool)
+        if causal:
+            layer &= diff >= 0
+        if window is not None:
+            layer &= diff.abs() < window if not causal else diff < window
+        layer = layer[:, None]
+        mask = layer if mask is None else mask & layer
+    return mask
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(*x.shape[:2], n, self.head_dim).transpose(1, 2)  # (b, n, T, d)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Keys (k-norm, RoPE) and values of tokens x (b, T, D) -> (b, Hkv, T, d) each."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.n_kv)
+
+    def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Block x (b, Q, D) attends to [ctx ; block] keys; returns (b, Q, D)."""
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), cos, sin)
+        k_blk, v_blk = self.kv(x, cos, sin)
+        k = torch.cat([ctx[0], k_blk], dim=2)
+        v = torch.cat([ctx[1], v_blk], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftCache:
+    """Per-layer K/V of committed context tokens, preallocated and grown by doubling.
+
+    Context positions are contiguous from 0, so the cache is a length plus buffers. Block K/V are never
+    stored here: a draft forward only reads this cache.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.length = 0
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+
+    def append(self, kvs: list[KV]) -> None:
+        new = kvs[0][0].shape[2]
+        if not self._k:
+            cap = max(64, new)
+            for k, v in kvs:
+                self._k.append(k.new_empty(*k.shape[:2], cap, k.shape[3]))
+                self._v.append(v.new_empty(*v.shape[:2], cap, v.shape[3]))
+        if self.length + new > self._k[0].shape[2]:
+            cap = max(2 * self._k[0].shape[2], self.length + new)
+            self._k = [_grow(t, cap, self.length) for t in self._k]
+            self._v = [_grow(t, cap, self.length) for t in self._v]
+        for i, (k, v) in enumerate(kvs):
+            self._k[i][:, :, self.length:self.length + new] = k
+            self._v[i][:, :, self.length:self.length + new] = v
+        self.length += new
+
+    def layer(self, i: int) -> KV:
+        return self._k[i][:, :, :self.length], self._v[i][:, :, :self.length]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._k + self._v)
+
+
+def _grow(t: torch.Tensor, cap: int, used: int) -> torch.Tensor:
+    out = t.new_empty(*t.shape[:2], cap, t.shape[3])
+    out[:, :, :used] = t[:, :, :used]
+    return out
+
+
+class Drafter(nn.Module):
+    """DFlash draft model. Parameter names match the published checkpoint keys."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.fc = nn.Linear(config.num_features * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> "Drafter":
+        """Random initialisation (normal(0, std) linears, unit norms), reproducible from `seed`."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[KV]:
+        """Target features (b, C, K*D) at positions (b, C) -> every layer's context K/V."""
+        ctx = self.hidden_norm(self.fc(features))
+        cos, sin = self.rotary(positions, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(self, block: torch.Tensor, positions: torch.Tensor, ctx: list[KV],
+                ctx_positions: torch.Tensor, base_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Block embeddings (b, Q, D) at positions (b, Q) -> final hidden states (b, Q, D).
+
+        `ctx` holds each layer's context K/V at `ctx_positions` (b, C). `base_mask` (b, 1, Q, C+Q) is the
+        training mask; at inference it is None (the block sees all context and itself).
+        """
+        x = block * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else block
+        cos, sin = self.rotary(positions, x.dtype)
+        k_pos = torch.cat([ctx_positions, positions], dim=1)
+        masks: dict[tuple[bool, int | None], torch.Tensor | None] = {}
+        for i, layer in enumerate(self.layers):
+            key = (self.config.layer_causal(i), self.config.layer_window(i))
+            if key not in masks:
+                masks[key] = visibility(positions, k_pos, *key, base=base_mask)
+            x = layer(x, ctx[i], cos, sin, masks[key])
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Draft logits through the target's LM head (plus the optional published output transforms)."""
+        logits = lm_head(hidden)
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def draft(self, block: torch.Tensor, start: int, new_features: torch.Tensor, cache: DraftCache) -> torch.Tensor:
+        """Inference: append newly committed features to `cache`, then run the block at `start`.
+
+        block (b, Q, D) sits at positions start..start+Q-1; new_features (b, C, K*D) are the committed
+        tokens at positions cache.length..start-1. Returns hidden states (b, Q, D).
+        """
+        b, q_len = block.shape[:2]
+        if new_features.shape[1]:
+            pos = torch.arange(cache.length, cache.length + new_features.shape[1], device=block.device)
+            cache.append(self.context_kv(new_features, pos.expand(b, -1)))
+        if cache.length != start:
+            raise RuntimeError(f"draft cache holds {cache.length} context tokens, block starts at {start}")
+        positions = torch.arange(start, start + q_len, device=block.device).expand(b, -1)
+        ctx_positions = torch.arange(start, device=block.device).expand(b, -1)
+        ctx = [cache.layer(i) for i in range(len(self.layers))]
+        return self(block, positions, ctx, ctx_positions)

@@ -1,0 +1,181 @@
+"""The DFlash decode loop: prefill, then per cycle one draft forward and one target verify forward.
+
+    prefill target on the prompt (capturing features); first token from its logits
+    loop: block = [last token, MASK x n] -> drafter (one forward) -> n drafts
+          target verifies [last token, drafts] (one forward) -> accept a drafts + 1 bonus token
+          roll the target cache back to the committed length; only committed tokens' features go on
+          to the drafter's context cache.
+`no_draft` runs plain autoregressive decoding through the same target: the baseline for comparisons.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from blockdraft.acceptance import greedy_verify, one_hot, speculative_verify
+from blockdraft.drafter import DraftCache, Drafter
+from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
+from blockdraft.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
+from blockdraft.stats import GenerationStats, now
+from blockdraft.target import TargetModel
+
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_new_tokens: int = 256
+    block_size: int | None = None  # None: the drafter's trained block size
+    no_draft: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise InvalidArgumentError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
+        if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):
+            raise InvalidArgumentError(f"block_size={self.block_size!r}: expected an integer >= 1")
+
+
+def check_pair(target: TargetModel, drafter: Drafter) -> None:
+    """Raise IncompatibleModelsError unless `drafter` was built for a target shaped like `target`."""
+    cfg = drafter.config
+    if cfg.hidden_size != target.hidden_size:
+        raise IncompatibleModelsError(
+            f"drafter hidden_size={cfg.hidden_size} but target hidden_size={target.hidden_size}: not a pair")
+    if cfg.num_target_layers != target.num_layers:
+        raise IncompatibleModelsError(
+            f"drafter was built for a {cfg.num_target_layers}-layer target, this target has {target.num_layers}")
+    if cfg.mask_token_id >= target.vocab_size:
+        raise IncompatibleModelsError(
+            f"drafter mask_token_id={cfg.mask_token_id} is outside the target vocabulary [0, {target.vocab_size})")
+
+
+class SpeculativeEngine:
+    """Runs a target (and optionally a drafter) over token ids. Text handling lives in `api`."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        if drafter is not None:
+            check_pair(target, drafter)
+            target.set_feature_layers(drafter.config.target_layer_ids)
+
+    def block_size(self, options: DecodeOptions) -> int:
+        if self.drafter is None or options.no_draft:
+            return 1
+        trained = self.drafter.config.block_size
+        size = options.block_size or trained
+        if size > trained:
+            raise InvalidArgumentError(f"block_size={size}: expected at most the drafter's trained size {trained}")
+        return size
+
+    @torch.inference_mode()
+    def decode(self, prompt_ids: list[int], options: DecodeOptions, stats: GenerationStats) -> Iterator[list[int]]:
+        """Yield the tokens committed by each step (prefill first). Stops at a stop token or the limit."""
+        target, device = self.target, self.target.device
+        self._check_prompt(prompt_ids)
+        block = self.block_size(options)
+        speculative = block > 1
+        params = options.sampling
+        gen = None if params.greedy else new_generator(params.seed, device)
+        stop = set(options.stop_token_ids)
+        stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
+
+        t0 = now(device)
+        cache = target.new_cache()
+        logits, feats = target.forward(torch.tensor([prompt_ids], device=device), cache, 0,
+                                       features=speculative, last_only=True)
+        token = self._choose(logits[0, -1], params, gen)
+        stats.target_forwards += 1
+        stats.prefill_time = now(device) - t0
+        stats.new_tokens = 1
+        yield [token]
+
+        draft_cache = DraftCache(self.drafter.config.num_hidden_layers) if speculative else None
+        start, remaining = len(prompt_ids), options.max_new_tokens - 1
+        while remaining > 0 and token not in stop and start < target.max_positions:
+            t0 = now(device)
+            n = min(block - 1, remaining - 1, target.max_positions - start - 1)
+            committed, feats = self._cycle(token, start, n, feats, draft_cache, cache, params, gen, stats)
+            for i, t in enumerate(committed):
+                if t in stop:
+                    committed = committed[: i + 1]
+                    break
+            stats.acceptance_lengths.append(len(committed))
+            stats.drafted.append(n)
+            start += len(committed)
+            remaining -= len(committed)
+            token = committed[-1]
+            stats.new_tokens += len(committed)
+            stats.decode_time += now(device) - t0
+            yield committed
+
+    def _cycle(self, token: int, start: int, n: int, pending: torch.Tensor | None, draft_cache: DraftCache | None,
+               cache: object, params: SamplingParams, gen: torch.Generator | None,
+               stats: GenerationStats) -> tuple[list[int], torch.Tensor | None]:
+        """Draft n tokens after `token` (at position `start`), verify, commit. n = 0 is a plain step.
+
+        `pending` holds target features (1, C, K*D) of committed tokens the draft cache has not seen yet
+        (None when not speculating). Returns the committed tokens and the new pending features.
+        """
+        device = self.target.device
+        drafts = torch.empty(0, dtype=torch.long, device=device)
+        q = None
+        if n > 0:
+            drafts, q = self._draft(token, start, n, pending, draft_cache, params, gen, stats)
+            pending = pending[:, :0]
+        ids = torch.cat([torch.tensor([token], device=device), drafts])[None]
+        logits, feats = self.target.forward(ids, cache, start, features=pending is not None)
+        stats.target_forwards += 1
+        if params.greedy:
+            a, bonus = greedy_verify(drafts, logits[0])
+        else:
+            p = probabilities(logits[0], params)
+            u = uniforms(n + 1, gen, device)
+            q = q if q is not None else p.new_zeros(0, p.shape[-1])
+            a, bonus = speculative_verify(drafts, q, p, u[:n], u[n])
+        self.target.rollback(cache, start + a + 1)
+        if feats is not None:
+            pending = torch.cat([pending, feats[:, : a + 1]], dim=1)
+        return drafts[:a].tolist() + [bonus], pending
+
+    def _draft(self, token: int, start: int, n: int, pending: torch.Tensor, draft_cache: DraftCache,
+               params: SamplingParams, gen: torch.Generator | None,
+               stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One drafter forward over [token, MASK x n] -> n draft tokens (n,) and their distributions (n, V)."""
+        t0 = now(self.target.device)
+        drafter = self.drafter
+        ids = torch.full((1, n + 1), drafter.config.mask_token_id, device=self.target.device)
+        ids[0, 0] = token
+        hidden = drafter.draft(self.target.embedding(ids), start, pending, draft_cache)
+        logits = drafter.logits(hidden[0, 1:], self.target.lm_head)  # (n, V)
+        if params.greedy:
+            drafts, q = logits.argmax(-1), None
+        elif params.draft == "greedy":
+            drafts = logits.argmax(-1)
+            q = one_hot(drafts, logits.shape[-1], torch.float32)
+        else:
+            q = probabilities(logits, params)
+            drafts = sample_index(q, uniforms(n, gen, q.device))
+        stats.drafter_forwards += 1
+        stats.drafter_time += now(self.target.device) - t0
+        return drafts, q
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+        """One token from one row of logits (V,): argmax, or a draw from the truncated distribution."""
+        if params.greedy:
+            return int(logits.argmax().item())
+        return int(sample_index(probabilities(logits, params), uniforms(1, gen, logits.device)[0]).item())
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        vocab = self.target.vocab_size
+        if not prompt_ids:
+            raise InvalidArgumentError("prompt is empty: expected at least one token")
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise InvalidArgumentError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        if len(prompt_ids) >= self.target.max_positions:
+            raise InvalidArgumentError(f"prompt has {len(prompt_ids)} tokens: expected fewer than the target's "
+                                       f"context of {self.target.max_positions}")

@@ -1,0 +1,25 @@
+"""Exception types raised by blockdraft.
+
+Every error a user can cause (bad flag, bad file, mismatched pair) is a `BlockdraftError` whose message
+is one line naming the bad value and what was expected. The CLI prints it and exits non-zero.
+"""
+
+
+class BlockdraftError(Exception):
+    """Base class of every error blockdraft raises on purpose."""
+
+
+class InvalidArgumentError(BlockdraftError, ValueError):
+    """A parameter is out of range or of the wrong kind."""
+
+
+class CheckpointError(BlockdraftError):
+    """A checkpoint folder is missing, unreadable or not in a supported format."""
+
+
+class IncompatibleModelsError(BlockdraftError):
+    """The drafter does not fit the target (width, depth, vocabulary)."""
+
+
+class MissingDependencyError(BlockdraftError):
+    """An optional package needed for this path is not installed."""

@@ -1,0 +1,80 @@
+import pytest
+import torch
+
+from blockdraft.api import Pipeline
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.target import TargetModel
+from tests.conftest import tiny_drafter, tiny_hf_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    tok = tiny_tokenizer()
+    model = tiny_hf_model("qwen3", vocab=len(tok), head_scale=4.0, seed=2)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    target = TargetModel(model, tok)
+    return Pipeline(target, tiny_drafter(target, block_size=6))
+
+
+def test_text_matches_the_engines_tokens(pipe):
+    out = pipe.generate("Once upon a time", max_new_tokens=30)
+    plain = pipe.generate("Once upon a time", max_new_tokens=30, no_draft=True)
+    assert out.token_ids == plain.token_ids and out.text == plain.text
+    assert out.text == pipe.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert out.stats.new_tokens == len(out.token_ids) and out.finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stream_concatenates_to_the_final_text(pipe, seed):
+    stream = pipe.stream(f"prompt {seed} ✓", max_new_tokens=40, temperature=1.0, seed=seed)
+    deltas = list(stream)
+    assert "".join(deltas) == stream.output.text
+    assert all(deltas)
+
+
+def test_stop_strings_cut_the_text(pipe):
+    full = pipe.generate("abc", max_new_tokens=40, temperature=1.0, seed=4, stop_token_ids=[])
+    stop = full.text[10:12]
+    assert stop and full.text.find(stop) >= 0
+    cut = pipe.generate("abc", max_new_tokens=40, temperature=1.0, seed=4, stop=[stop], stop_token_ids=[])
+    assert cut.text == full.text[: full.text.find(stop)] and cut.finish_reason == "stop"
+    stream = pipe.stream("abc", max_new_tokens=40, temperature=1.0, seed=4, stop=[stop], stop_token_ids=[])
+    assert "".join(stream) == cut.text
+
+
+def test_stop_token_ends_generation(pipe):
+    full = pipe.generate("xyz", max_new_tokens=30, stop_token_ids=[])
+    stop_id = full.token_ids[5]
+    out = pipe.generate("xyz", max_new_tokens=30, stop_token_ids=[stop_id])
+    assert out.token_ids == full.token_ids[: full.token_ids.index(stop_id) + 1] and out.finish_reason == "stop"
+
+
+def test_chat_uses_the_template(pipe):
+    ids = pipe.encode(chat="hi")
+    assert ids[0] == pipe.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert pipe.tokenizer.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert ids == pipe.encode(messages=[{"role": "user", "content": "hi"}])
+
+
+def test_bad_inputs(pipe):
+    with pytest.raises(InvalidArgumentError, match="exactly one of prompt, chat or messages"):
+        pipe.generate("a", chat="b")
+    with pytest.raises(InvalidArgumentError, match="stop='ab'"):
+        pipe.generate("a", stop="ab")
+    with pytest.raises(InvalidArgumentError, match="message 'hi'"):
+        pipe.generate(messages=["hi"])
+    with pytest.raises(InvalidArgumentError, match="temperature=-0.5"):
+        pipe.generate("a", temperature=-0.5)
+    with pytest.raises(InvalidArgumentError, match="block_size=7"):
+        pipe.stream("a", block_size=7)
+
+
+def test_load_from_folders(tiny_target_dir, tmp_path):
+    from blockdraft.checkpoint import save_drafter
+
+    random_pair = Pipeline.load(str(tiny_target_dir), device="cpu")
+    assert random_pair.untrained_drafter and random_pair.drafter.config.num_hidden_layers == 1
+    save_drafter(tiny_drafter(random_pair.target, block_size=4).float(), tmp_path / "d")
+    pair = Pipeline.load(str(tiny_target_dir), tmp_path / "d", device="cpu")
+    assert not pair.untrained_drafter and pair.drafter.dtype == torch.float32
+    assert pair.generate("hey", max_new_tokens=12).text == random_pair.generate("hey", max_new_tokens=12).text

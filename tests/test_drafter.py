@@ -1,0 +1,97 @@
+import pytest
+import torch
+
+from blockdraft.drafter import DraftCache, visibility
+from tests.conftest import tiny_drafter, tiny_hf_model
+from blockdraft.target import TargetModel
+
+
+@pytest.fixture
+def pair():
+    target = TargetModel(tiny_hf_model("qwen3"))
+    return target, tiny_drafter(target, layers=3)
+
+
+def _features(target, n, seed=0, k=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, n, k * target.hidden_size, generator=g, dtype=target.dtype)
+
+
+def _block(target, start, q=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (1, q), generator=g)
+    return target.embedding(ids)
+
+
+def test_incremental_cache_equals_one_shot(pair):
+    target, drafter = pair
+    feats = _features(target, 20)
+    block = _block(target, 20)
+    one = DraftCache(3)
+    full = drafter.draft(block, 20, feats, one)
+    chunked = DraftCache(3)
+    for lo, hi in [(0, 7), (7, 8), (8, 20)]:
+        drafter.draft(block, hi, feats[:, lo:hi], chunked)
+    again = drafter.draft(block, 20, feats[:, :0], chunked)
+    assert torch.allclose(full, again, atol=1e-12)
+    assert one.length == chunked.length == 20
+
+
+def test_cache_grows_past_its_initial_capacity(pair):
+    target, drafter = pair
+    feats = _features(target, 150)
+    cache = DraftCache(3)
+    for lo in range(0, 150, 10):
+        drafter.draft(_block(target, lo + 10), lo + 10, feats[:, lo:lo + 10], cache)
+    ref = DraftCache(3)
+    blk = _block(target, 150)
+    assert torch.allclose(drafter.draft(blk, 150, feats[:, :0], cache), drafter.draft(blk, 150, feats, ref))
+
+
+def test_block_is_bidirectional_and_sees_context(pair):
+    target, drafter = pair
+    feats = _features(target, 10)
+    block = _block(target, 10)
+    base = drafter.draft(block, 10, feats, DraftCache(3))
+    later = block.clone()
+    later[:, -1] += 1.0  # change the last block token only
+    changed = drafter.draft(later, 10, feats, DraftCache(3))
+    assert not torch.allclose(base[:, 0], changed[:, 0])  # earlier slots see later ones
+    other_ctx = feats.clone()
+    other_ctx[:, 0] += 1.0
+    assert not torch.allclose(base, drafter.draft(block, 10, other_ctx, DraftCache(3)))
+
+
+def test_sliding_layers_are_causal_and_windowed():
+    target = TargetModel(tiny_hf_model("qwen3"))
+    drafter = tiny_drafter(target, layers=2, sliding_window=4)
+    drafter.config.layer_types = ["sliding_attention"] * 2  # every layer windowed for this check
+    feats = _features(target, 12, k=2)
+    block = _block(target, 12)
+    base = drafter.draft(block, 12, feats, DraftCache(2))
+    later = block.clone()
+    later[:, -1] += 1.0
+    out = drafter.draft(later, 12, feats, DraftCache(2))
+    assert torch.allclose(base[:, :-1], out[:, :-1])  # causal inside the block
+    far = feats.clone()
+    far[:, :2] += 1.0  # positions 0, 1: outside every query's 4-token window over 2 layers
+    assert torch.allclose(base, drafter.draft(block, 12, far, DraftCache(2)))
+
+
+def test_visibility_from_positions():
+    q = torch.tensor([[5, 6]])
+    k = torch.tensor([[0, 1, 2, 3, 4, 5, 6]])
+    assert visibility(q, k, causal=False, window=None) is None
+    causal = visibility(q, k, causal=True, window=3)[0, 0]
+    assert causal.tolist() == [[False, False, False, True, True, True, False],
+                               [False, False, False, False, True, True, True]]
+    both = visibility(q, k, causal=False, window=2)[0, 0]
+    assert both.tolist() == [[False, False, False, False, True, True, True],
+                             [False, False, False, False, False, True, True]]
+
+
+def test_runs_in_bfloat16(pair):
+    target, drafter = pair
+    d16 = drafter.to(torch.bfloat16)
+    out = d16.draft(_block(target, 5).to(torch.bfloat16), 5, _features(target, 5).to(torch.bfloat16), DraftCache(3))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
