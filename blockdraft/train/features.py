@@ -1,0 +1,101 @@
+"""Target features for training: computed online per batch, or cached once to disk and reused.
+
+The cache is fp16 safetensors shards (one tensor per sequence, keyed by its id) plus `index.json`; it is
+built resumably (shards written atomically, the index after each shard) and checked against the layer ids.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.files import atomic_path
+from blockdraft.target import TargetModel
+from blockdraft.train.data import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class FeatureSource(Protocol):
+    def __call__(self, seq: Sequence) -> torch.Tensor:
+        """(T, K*D) features of the selected target layers for every token of `seq`."""
+
+
+class OnlineFeatures:
+    """Runs the (frozen) target on each sequence when it is needed."""
+
+    def __init__(self, target: TargetModel) -> None:
+        self.target = target
+
+    def __call__(self, seq: Sequence) -> torch.Tensor:
+        ids = seq.input_ids[None].to(self.target.device)
+        _, feats = self.target.forward(ids, self.target.new_cache(), 0, features=True, last_only=True)
+        return feats[0].clone()  # outside inference mode: a normal tensor autograd may use
+
+
+def feature_bytes(num_tokens: int, layer_ids: list[int], hidden: int, dtype: torch.dtype = torch.float16) -> int:
+    return num_tokens * len(layer_ids) * hidden * torch.empty(0, dtype=dtype).element_size()
+
+
+class CachedFeatures:
+    """Features read back from a cache folder built by `build_feature_cache`."""
+
+    def __init__(self, folder: str | Path, layer_ids: list[int], dtype: torch.dtype = torch.float32) -> None:
+        self.folder = Path(folder)
+        index = json.loads((self.folder / "index.json").read_text())
+        if index["layer_ids"] != list(layer_ids):
+            raise InvalidArgumentError(f"feature cache {folder} holds layers {index['layer_ids']}, "
+                                       f"expected {list(layer_ids)}: rebuild it or use another folder")
+        self.entries: dict[str, str] = index["entries"]
+        self.dtype = dtype
+        self._handles: dict[str, object] = {}
+
+    def __call__(self, seq: Sequence) -> torch.Tensor:
+        shard = self.entries.get(seq.id)
+        if shard is None:
+            raise InvalidArgumentError(f"sequence {seq.id!r} is not in the feature cache {self.folder}")
+        if shard not in self._handles:
+            self._handles[shard] = safe_open(str(self.folder / shard), framework="pt")
+        feats = self._handles[shard].get_tensor(seq.id)
+        if feats.shape[0] != seq.input_ids.numel():
+            raise InvalidArgumentError(f"cached features of {seq.id!r} have {feats.shape[0]} tokens, "
+                                       f"the sequence has {seq.input_ids.numel()}: rebuild the cache")
+        return feats.to(self.dtype)
+
+
+def build_feature_cache(target: TargetModel, sequences: list[Sequence], folder: str | Path,
+                        shard_size: int = 128) -> Path:
+    """Compute and store fp16 features for every sequence not cached yet (resumable)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    index_path = folder / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else \
+        {"layer_ids": target.feature_layer_ids, "dtype": "float16", "entries": {}}
+    if index["layer_ids"] != target.feature_layer_ids:
+        raise InvalidArgumentError(f"feature cache {folder} holds layers {index['layer_ids']}, "
+                                   f"expected {target.feature_layer_ids}")
+    todo = [s for s in sequences if s.id not in index["entries"]]
+    total = sum(s.input_ids.numel() for s in sequences)
+    size = feature_bytes(total, target.feature_layer_ids, target.hidden_size)
+    log.warning("feature cache %s: %d sequences, %d tokens, %.2f GB on disk (%d to compute)",
+                folder, len(sequences), total, size / 1e9, len(todo))
+    online = OnlineFeatures(target)
+    shard_no = len({v for v in index["entries"].values()})
+    for first in tqdm(range(0, len(todo), shard_size), desc="features", unit="shard", dynamic_ncols=True):
+        chunk = todo[first:first + shard_size]
+        tensors = {s.id: online(s).to("cpu", torch.float16).contiguous() for s in chunk}
+        name = f"feats-{shard_no:05d}.safetensors"
+        with atomic_path(folder / name) as tmp:
+            save_file(tensors, str(tmp))
+        index["entries"].update({s.id: name for s in chunk})
+        with atomic_path(index_path) as tmp:
+            tmp.write_text(json.dumps(index))
+        shard_no += 1
+    return folder

@@ -1,0 +1,329 @@
+"""`blockdraft train`: one readable loop, from regenerated data to a drafter in the published format.
+
+    config -> target (frozen) + drafter -> data (sequences, features) -> loop:
+        micro-batch of sequences -> random anchors (re-drawn every epoch) -> blocks -> drafter forward
+        -> weighted block loss -> AdamW step (cosine schedule, warmup, grad clip) -> log / eval / checkpoint
+    -> export the final drafter (config.json + model.safetensors)
+
+All randomness (epoch order, anchors) is a function of (seed, epoch, sequence), so a resumed run replays
+exactly what an uninterrupted run would do. Runs under `torchrun` with DistributedDataParallel (gloo on
+CPU, nccl on CUDA); rank r takes every world-th sequence; only rank 0 writes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm import tqdm
+
+from blockdraft.checkpoint import load_drafter, save_drafter
+from blockdraft.config import DrafterConfig
+from blockdraft.drafter import Drafter
+from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.files import atomic_dir
+from blockdraft.stats import GenerationStats
+from blockdraft.target import TargetModel
+from blockdraft.train.blocks import build_blocks, sample_anchors
+from blockdraft.train.data import Sequence
+from blockdraft.train.features import FeatureSource
+from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    out: str
+    epochs: float = 6.0
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: int = 1          # sequences per micro-batch (per rank)
+    grad_accum: int = 1
+    max_anchors: int = 512
+    loss: str = "decay"
+    gamma: float | None = None   # None: the paper's value for the block size
+    save_every: int = 200
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_every: int = 0          # 0: only at the end
+    eval_prompts: int = 8
+    eval_max_new_tokens: int = 64
+    max_steps: int | None = None  # stop early (the schedule still spans all epochs)
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warmup over warmup_ratio of the steps, then cosine down to min_lr_ratio * lr."""
+    warm = max(1, int(round(cfg.warmup_ratio * total)))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    floor = cfg.min_lr_ratio
+    return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
+class BlockForward(nn.Module):
+    """The drafter's training forward as one module call, so DistributedDataParallel sees it."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, features: torch.Tensor, block_emb: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """features (b, T, K*D), block_emb (b, N*B, D), positions (b, N*B), mask (b, 1, N*B, T+N*B)."""
+        b, t = features.shape[:2]
+        ctx_pos = torch.arange(t, device=features.device).expand(b, -1)
+        ctx = self.drafter.context_kv(features, ctx_pos)
+        return self.drafter(block_emb, positions, ctx, ctx_pos, base_mask=mask)
+
+
+def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], feats: list[torch.Tensor],
+                 anchors: list[torch.Tensor], forward: nn.Module | None = None) -> tuple[torch.Tensor, Any]:
+    """Draft logits (b, N*B, V) of anchored blocks of `seqs`, and the Blocks (labels, mask...)."""
+    device = target.device
+    t = max(s.input_ids.numel() for s in seqs)
+    blocks = build_blocks([s.input_ids for s in seqs], [s.loss_mask for s in seqs], anchors,
+                          drafter.config.block_size, drafter.config.mask_token_id, t)
+    padded = torch.zeros(len(seqs), t, feats[0].shape[-1], dtype=drafter.dtype, device=device)
+    for i, f in enumerate(feats):
+        padded[i, : f.shape[0]] = f.to(device, drafter.dtype)
+    emb = target.embedding(blocks.input_ids.to(device)).to(drafter.dtype)
+    hidden = (forward or BlockForward(drafter))(padded, emb, blocks.positions.to(device), blocks.mask.to(device))
+    return drafter.logits(hidden, target.lm_head), blocks
+
+
+# ------------------------------------------------------------------ checkpoints
+def _checkpoints(out: Path) -> list[Path]:
+    return sorted((out / "checkpoints").glob("step-[0-9]*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.optim.Optimizer,
+                    cfg: TrainConfig, keep: int) -> Path:
+    state = optimizer.state_dict()
+    tensors = {f"state.{i}.{k}": v.detach().cpu().contiguous() for i, s in state["state"].items()
+               for k, v in s.items()}
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
+    path = out / "checkpoints" / f"step-{step:07d}"
+    with atomic_dir(path) as tmp:
+        save_drafter(drafter, tmp / "drafter", dtype=torch.float32)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "param_groups": groups,
+                                                      "config": asdict(cfg)}, indent=2))
+    for old in _checkpoints(out)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def load_checkpoint(path: Path, drafter: Drafter, optimizer: torch.optim.Optimizer) -> int:
+    saved = load_drafter(path / "drafter", device=drafter.device, dtype=drafter.dtype)
+    drafter.load_state_dict(saved.state_dict())
+    meta = json.loads((path / "trainer.json").read_text())
+    tensors = load_file(str(path / "optimizer.safetensors"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, i, name = key.split(".", 2)
+        state.setdefault(int(i), {})[name] = value
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return int(meta["step"])
+
+
+# ------------------------------------------------------------------ evaluation
+def engine_acceptance(target: TargetModel, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int) -> float:
+    """Mean acceptance length measured by the real engine (greedy), averaged per prompt then over prompts."""
+    was_training = drafter.training
+    drafter.eval()
+    engine = SpeculativeEngine(target, drafter)
+    taus = []
+    for ids in prompts:
+        stats = GenerationStats(1)
+        for _ in engine.decode(ids, DecodeOptions(max_new_tokens=max_new_tokens), stats):
+            pass
+        if stats.mean_acceptance_length is not None:
+            taus.append(stats.mean_acceptance_length)
+    drafter.train(was_training)
+    return sum(taus) / len(taus) if taus else math.nan
+
+
+# ------------------------------------------------------------------ the loop
+class Trainer:
+    def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: Drafter, sequences: list[Sequence],
+                 features: FeatureSource, eval_prompts: list[list[int]] | None = None) -> None:
+        if cfg.loss not in ("decay", "acceptance"):
+            raise InvalidArgumentError(f"loss={cfg.loss!r}: expected 'decay' or 'acceptance'")
+        if not sequences:
+            raise InvalidArgumentError("no training sequences: expected at least one with supervised tokens")
+        self.cfg, self.target, self.drafter, self.features = cfg, target, drafter, features
+        self.sequences, self.eval_prompts = sequences, eval_prompts or []
+        self.out = Path(cfg.out)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.gamma = cfg.gamma or default_gamma(drafter.config.block_size)
+        target.set_feature_layers(drafter.config.target_layer_ids)
+        drafter.train()
+        self.forward = BlockForward(drafter)
+        if self.world > 1:
+            self.forward = nn.parallel.DistributedDataParallel(self.forward)
+        self.optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                           betas=(0.9, 0.95))
+        per_step = cfg.batch_size * cfg.grad_accum * self.world
+        self.steps_per_epoch = max(1, len(sequences) // per_step)
+        self.total_steps = max(1, int(math.ceil(cfg.epochs * self.steps_per_epoch)))
+
+    def _micro_batches(self, step: int) -> list[list[tuple[int, int]]]:
+        """(epoch, sequence index) lists for each micro-batch of optimizer step `step` on this rank."""
+        cfg = self.cfg
+        per_step = cfg.batch_size * cfg.grad_accum * self.world
+        epoch, k = divmod(step, self.steps_per_epoch)
+        order = epoch_order(len(self.sequences), cfg.seed, epoch)[k * per_step:(k + 1) * per_step]
+        mine = order[self.rank::self.world]
+        return [[(epoch, i) for i in mine[j:j + cfg.batch_size]] for j in range(0, len(mine), cfg.batch_size)]
+
+    def _micro_step(self, batch: list[tuple[int, int]], scale: float) -> dict[str, Any]:
+        seqs = [self.sequences[i] for _, i in batch]
+        anchors = [sample_anchors(s.loss_mask, self.cfg.max_anchors, anchor_generator(self.cfg.seed, e, i))
+                   for s, (e, i) in zip(seqs, batch)]
+        feats = [self.features(s) for s in seqs]
+        device = self.target.device
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+        with autocast:
+            logits, blocks = block_logits(self.drafter, self.target, seqs, feats, anchors, self.forward)
+            out = block_loss(logits, blocks.labels.to(device), blocks.block_size, gamma=self.gamma,
+                             kind=self.cfg.loss)
+        (out.loss * scale).backward()
+        return {"loss": out.loss.item(), "acc": out.slot_accuracy.cpu() * out.slot_counts.cpu(),
+                "counts": out.slot_counts.cpu(), "prefix": out.accepted_prefix.item(), "blocks": out.blocks.item(),
+                "tokens": sum(s.input_ids.numel() for s in seqs)}
+
+    def run(self, resume: bool = False) -> Path:
+        cfg, out = self.cfg, self.out
+        step = 0
+        if resume and _checkpoints(out):
+            step = load_checkpoint(_checkpoints(out)[-1], self.drafter, self.optimizer)
+            log.warning("resumed from step %d", step)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            _truncate_metrics(out / "metrics.jsonl", step)
+        last = min(self.total_steps, cfg.max_steps or self.total_steps)
+        bar = tqdm(total=last, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=self.rank != 0)
+        window: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        while step < last:
+            lr = lr_at(step, self.total_steps, cfg)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            micro = self._micro_batches(step)
+            for batch in micro:
+                window.append(self._micro_step(batch, 1.0 / len(micro)))
+            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % cfg.log_every == 0 or step == last:
+                row = _summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0)
+                window, t0 = [], time.perf_counter()
+                bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['slot_accuracy'][0]:.2f}",
+                                tau=f"{row['tau_estimate']:.2f}", tok_s=f"{row['tokens_per_second']:.0f}")
+                self._log(row)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < last:
+                self._evaluate(step)
+            if step % cfg.save_every == 0 and step < last:
+                self.check_sync()
+                if self.rank == 0:
+                    save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints)
+            bar.update(1)
+        bar.close()
+        self.check_sync()
+        if self.rank == 0:
+            save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints)
+            save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
+        self._evaluate(step)
+        return out / "final"
+
+    def check_sync(self) -> None:
+        """Raise if the ranks' weights have drifted apart (they must stay bitwise equal under DDP)."""
+        if self.world == 1:
+            return
+        flat = torch.cat([p.detach().float().flatten() for p in self.drafter.parameters()])
+        mine = torch.stack([flat.sum(), (flat * torch.arange(flat.numel(), device=flat.device) % 9973).sum()])
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        if any(not torch.equal(g, gathered[0]) for g in gathered):
+            raise RuntimeError(f"ranks out of sync: weight checksums {[g.tolist() for g in gathered]}")
+        log.warning("all %d ranks hold identical weights", self.world)
+
+    def _evaluate(self, step: int) -> None:
+        if self.rank != 0 or not self.eval_prompts:
+            return
+        tau = engine_acceptance(self.target, self.drafter, self.eval_prompts[: self.cfg.eval_prompts],
+                                self.cfg.eval_max_new_tokens)
+        log.warning("step %d: engine acceptance length %.3f on %d held-out prompts", step, tau,
+                    min(len(self.eval_prompts), self.cfg.eval_prompts))
+        self._log({"step": step, "eval_acceptance_length": tau, "eval_prompts": len(self.eval_prompts[: self.cfg.eval_prompts])})
+
+    def _log(self, row: dict[str, Any]) -> None:
+        if self.rank == 0:
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def _summarise(window: list[dict[str, Any]], step: int, epoch: float, lr: float, seconds: float) -> dict[str, Any]:
+    acc = sum(w["acc"] for w in window)
+    counts = sum(w["counts"] for w in window)
+    prefix, blocks = sum(w["prefix"] for w in window), sum(w["blocks"] for w in window)
+    return {"step": step, "epoch": round(epoch, 4), "lr": lr, "loss": sum(w["loss"] for w in window) / len(window),
+            "slot_accuracy": (acc / counts.clamp_min(1)).tolist(),
+            "tau_estimate": estimated_acceptance_length(prefix, blocks),
+            "tokens_per_second": sum(w["tokens"] for w in window) / max(seconds, 1e-9)}
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """On resume, drop log rows written after the checkpoint we restart from."""
+    if not path.is_file():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(r + "\n" for r in rows))
+
+
+def new_drafter(target: TargetModel, *, num_layers: int, block_size: int, mask_token_id: int,
+                target_layer_ids: list[int] | None, seed: int, sliding_window: int | None = None) -> Drafter:
+    config = DrafterConfig.for_target(target.config_dict(), num_layers=num_layers, block_size=block_size,
+                                      mask_token_id=mask_token_id, target_layer_ids=target_layer_ids,
+                                      sliding_window=sliding_window)
+    return Drafter(config).init_weights(seed).to(target.device, torch.float32)
+
+
+def world_from_env() -> None:
+    """Join the torchrun process group if launched by torchrun (gloo on CPU, nccl on CUDA)."""
+    if "RANK" in os.environ and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -1,0 +1,54 @@
+import torch
+
+from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.fast_target import FastTarget, supports_fast_path
+from blockdraft.stats import GenerationStats
+from blockdraft.target import TargetModel
+from tests.conftest import tiny_drafter, tiny_hf_model
+
+
+def test_logits_and_features_equal_the_hf_forward(arch):
+    model = tiny_hf_model(arch, layers=5)
+    fast, ref = FastTarget(model), TargetModel(model)
+    assert supports_fast_path(model)
+    for t in (fast, ref):
+        t.set_feature_layers([3, 0, 2])
+    ids = torch.randint(0, 96, (1, 20))
+    fc, rc = fast.new_cache(capacity=8), ref.new_cache()  # capacity 8 forces the cache to grow
+    for lo, hi in [(0, 9), (9, 10), (10, 20)]:
+        a, fa = fast.forward(ids[:, lo:hi], fc, lo)
+        b, fb = ref.forward(ids[:, lo:hi], rc, lo)
+        assert torch.allclose(a, b, atol=1e-10) and torch.allclose(fa, fb, atol=1e-10)
+    fast.rollback(fc, 12)  # free: no copy, stale entries are overwritten
+    ref.rollback(rc, 12)
+    new = torch.randint(0, 96, (1, 4))
+    assert torch.allclose(fast.forward(new, fc, 12)[0], ref.forward(new, rc, 12)[0], atol=1e-10)
+
+
+def test_rows_at_different_lengths_match_single_rows():
+    model = tiny_hf_model("qwen3")
+    fast = FastTarget(model)
+    fast.set_feature_layers([1])
+    prompts = [torch.randint(0, 96, (1, n)) for n in (5, 11, 8)]
+    cache = fast.new_cache(rows=3)
+    for r, p in enumerate(prompts):
+        fast.forward(p, cache, 0, rows=[r])
+    step = torch.randint(0, 96, (3, 2))
+    batched, feats = fast.forward(step, cache, [5, 11, 8])
+    for r, p in enumerate(prompts):
+        solo, solo_feats = fast.forward(torch.cat([p, step[r:r + 1]], 1), fast.new_cache(), 0)
+        assert torch.allclose(batched[r], solo[0, -2:], atol=1e-10)
+        assert torch.allclose(feats[r], solo_feats[0, -2:], atol=1e-10)
+    sub, _ = fast.forward(step[[2, 0]], cache, [8, 5], rows=[2, 0])  # a gathered subset of rows
+    assert torch.allclose(sub, batched[[2, 0]], atol=1e-10)
+
+
+def test_engine_on_the_fast_path_equals_hf_generate(arch):
+    model = tiny_hf_model(arch)
+    fast = FastTarget(model)
+    engine = SpeculativeEngine(fast, tiny_drafter(fast, block_size=6))
+    prompt = [7, 3, 9, 1, 4]
+    stats = GenerationStats(1)
+    out = [t for c in engine.decode(prompt, DecodeOptions(max_new_tokens=30), stats) for t in c]
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    assert out == ref[0, 5:].tolist()

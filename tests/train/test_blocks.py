@@ -1,0 +1,53 @@
+import torch
+
+from blockdraft.train.blocks import IGNORE, anchor_candidates, block_mask, build_blocks, sample_anchors
+
+MASK = 99
+
+
+def test_anchor_candidates_need_this_and_next_token_supervised():
+    lm = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 0, 1])
+    assert anchor_candidates(lm).tolist() == [2, 3, 6]
+
+
+def test_sample_anchors_is_bounded_sorted_and_seeded():
+    lm = torch.ones(100, dtype=torch.bool)
+    a = sample_anchors(lm, 10, torch.Generator().manual_seed(1))
+    b = sample_anchors(lm, 10, torch.Generator().manual_seed(1))
+    c = sample_anchors(lm, 10, torch.Generator().manual_seed(2))
+    assert a.tolist() == b.tolist() != c.tolist()
+    assert a.numel() == 10 and a.tolist() == sorted(set(a.tolist())) and a.max() < 99
+
+
+def test_mask_is_strict_against_the_anchor_and_bidirectional_inside_blocks():
+    # Overlapping anchors 3 and 4 (dense): blocks share positions 4..6 but must stay apart.
+    mask = block_mask(torch.tensor([[3, 4]]), block_size=4, context_len=10)[0, 0]
+    assert mask.shape == (8, 10 + 8)
+    ctx, blocks = mask[:, :10], mask[:, 10:]
+    for q in range(4):  # block 0, anchor 3: context 0..2 only (not 3 itself)
+        assert ctx[q].tolist() == [True] * 3 + [False] * 7
+    for q in range(4, 8):  # block 1, anchor 4: context 0..3
+        assert ctx[q].tolist() == [True] * 4 + [False] * 6
+    expected = torch.zeros(8, 8, dtype=torch.bool)
+    expected[:4, :4] = True
+    expected[4:, 4:] = True
+    assert torch.equal(blocks, expected)  # all of its own block (both ways), nothing of the other
+
+
+def test_labels_are_same_position_with_anchor_and_unsupervised_dropped():
+    tokens = torch.tensor([10, 11, 12, 13, 14, 15, 16])
+    lm = torch.tensor([0, 1, 1, 1, 0, 1, 1]).bool()
+    b = build_blocks([tokens], [lm], [torch.tensor([1, 5])], block_size=4, mask_token_id=MASK, context_len=7)
+    assert b.input_ids.tolist() == [[11, MASK, MASK, MASK, 15, MASK, MASK, MASK]]
+    assert b.positions.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+    # block at 1: slot k -> token at 1 + k (12, 13), 14 is unsupervised; block at 5: 16, then past the end
+    assert b.labels.tolist() == [[IGNORE, 12, 13, IGNORE, IGNORE, 16, IGNORE, IGNORE]]
+
+
+def test_padding_slots_of_shorter_sequences_are_ignored():
+    t1, t2 = torch.arange(10), torch.arange(20, 26)
+    b = build_blocks([t1, t2], [torch.ones(10, dtype=torch.bool), torch.ones(6, dtype=torch.bool)],
+                     [torch.tensor([1, 4, 6]), torch.tensor([2])], block_size=3, mask_token_id=MASK, context_len=10)
+    assert b.valid.tolist() == [[True, True, True], [True, False, False]]
+    assert b.labels[1].tolist() == [IGNORE, 23, 24] + [IGNORE] * 6
+    assert b.mask.shape == (2, 1, 9, 19)

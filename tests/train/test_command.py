@@ -1,0 +1,32 @@
+import json
+
+from blockdraft.api import Pipeline
+from blockdraft.checkpoint import load_drafter
+from blockdraft.cli import main
+from blockdraft.train.shards import ShardWriter
+
+
+def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
+    data = tmp_path / "data"
+    chats = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"count to {i}"},
+                                          {"role": "assistant", "content": " ".join(str(k) for k in range(i + 3))}]}
+             for i in range(6)]
+    ShardWriter(data, "train").add(chats[:5])
+    ShardWriter(data, "heldout").add(chats[5:])
+    run = tmp_path / "run"
+    args = ["train", "--target", str(tiny_target_dir), "--data", str(data), "--out", str(run), "--layers", "1",
+            "--block-size", "4", "--max-anchors", "8", "--epochs", "2", "--features", "cache", "--log-every", "1",
+            "--eval-prompts", "1", "--eval-max-new-tokens", "6", "--save-every", "3"]
+    assert main(args) == 0
+    final = capsys.readouterr().out.strip().splitlines()[-1]
+    drafter = load_drafter(final)
+    assert drafter.config.block_size == 4 and drafter.config.mask_token_id == 258
+    assert (run / "features" / "index.json").is_file()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 11))
+    assert "eval_acceptance_length" in rows[-1]
+    pipe = Pipeline.load(str(tiny_target_dir), final, device="cpu")
+    assert pipe.generate("count", max_new_tokens=5).stats.new_tokens == 5
+    assert main(["train", "--plot", str(run)]) == 0
+    assert (run / "curves.png").stat().st_size > 10_000
+    assert main(["train", "--data", str(data)]) == 2  # --out missing: a clear error, not a traceback

@@ -1,0 +1,25 @@
+import pytest
+import torch
+
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.target import TargetModel
+from blockdraft.train.data import Sequence
+from blockdraft.train.features import CachedFeatures, OnlineFeatures, build_feature_cache, feature_bytes
+from tests.conftest import tiny_hf_model
+
+
+def test_cache_matches_online_features_and_resumes(tmp_path):
+    target = TargetModel(tiny_hf_model("qwen3", dtype=torch.float32))
+    target.set_feature_layers([0, 2])
+    seqs = [Sequence(f"s{i}", torch.randint(0, 96, (5 + i,)), torch.ones(5 + i, dtype=torch.bool)) for i in range(5)]
+    build_feature_cache(target, seqs[:3], tmp_path, shard_size=2)
+    build_feature_cache(target, seqs, tmp_path, shard_size=2)  # only the two new ones are computed
+    assert len(list(tmp_path.glob("feats-*.safetensors"))) == 3
+    cached, online = CachedFeatures(tmp_path, [0, 2]), OnlineFeatures(target)
+    for s in seqs:
+        assert torch.allclose(cached(s), online(s), atol=2e-3, rtol=1e-2)  # stored as fp16
+    assert feature_bytes(1000, [0, 2], 32) == 1000 * 2 * 32 * 2
+    with pytest.raises(InvalidArgumentError, match=r"holds layers \[0, 2\], expected \[1\]"):
+        CachedFeatures(tmp_path, [1])
+    with pytest.raises(InvalidArgumentError, match="'zz' is not in the feature cache"):
+        cached(Sequence("zz", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)))

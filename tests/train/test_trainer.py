@@ -1,0 +1,129 @@
+import json
+import math
+
+import pytest
+import torch
+
+from blockdraft.target import TargetModel
+from blockdraft.train.data import Sequence
+from blockdraft.train.features import OnlineFeatures
+from blockdraft.train.trainer import TrainConfig, Trainer, engine_acceptance, lr_at, new_drafter
+from tests.conftest import tiny_hf_model
+
+V, MOD = 24, 23  # tokens 0..22 count mod 23; 23 is the MASK row
+
+
+def counting(n: int, start: int) -> torch.Tensor:
+    return torch.tensor([(start + i) % MOD for i in range(n)])
+
+
+@pytest.fixture(scope="module")
+def counter() -> TargetModel:
+    """A tiny Llama trained for a few seconds to count: its greedy continuation is fully predictable."""
+    model = tiny_hf_model("llama", vocab=V, layers=2, hidden=32, dtype=torch.float32, seed=0)
+    model.train().requires_grad_(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(120):
+        x = torch.stack([counting(32, int(s)) for s in torch.randint(0, MOD, (16,), generator=g)])
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().requires_grad_(False)
+    out = model.generate(counting(4, 5)[None], max_new_tokens=40, do_sample=False)[0]
+    assert out.tolist() == counting(44, 5).tolist(), "the tiny target did not learn to count"
+    return TargetModel(model)
+
+
+def sequences(n: int, seed: int = 1) -> list[Sequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        ids = counting(int(torch.randint(24, 48, (1,), generator=g)), int(torch.randint(0, MOD, (1,), generator=g)))
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        mask[:4] = False  # the "prompt"
+        out.append(Sequence(f"s{i}", ids, mask))
+    return out
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cfg = TrainConfig(out="x", lr=1.0, warmup_ratio=0.1)
+    lrs = [lr_at(s, 100, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] < 0.01
+
+
+def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path):
+    torch.manual_seed(0)
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    prompts = [counting(6, s).tolist() for s in (0, 7, 15)]
+    before = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
+    cfg = TrainConfig(out=str(tmp_path / "run"), epochs=5, lr=3e-3, max_anchors=16, log_every=20, save_every=1000,
+                      eval_every=0, eval_max_new_tokens=40)
+    Trainer(cfg, counter, drafter, sequences(64), OnlineFeatures(counter), prompts).run()
+    after = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
+    assert before < 1.5 and after >= 0.8 * 6, (before, after)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["eval_acceptance_length"] == pytest.approx(after)
+    assert rows[-2]["tau_estimate"] > 4 and rows[-2]["slot_accuracy"][0] > 0.9
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------- processes: kill/resume, torchrun
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from safetensors.torch import load_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def counter_dir(counter, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("counter")
+    counter.model.save_pretrained(folder)
+    return folder
+
+
+def _run(*args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _final(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def test_killed_run_resumes_to_the_same_weights(counter_dir, tmp_path):
+    steps = "40"
+    full = _run("-m", "tests.train.counter_run", str(counter_dir), str(tmp_path / "full"), steps)
+    assert full.wait(timeout=300) == 0, full.stdout.read()
+    proc = _run("-m", "tests.train.counter_run", str(counter_dir), str(tmp_path / "cut"), steps)
+    marker = tmp_path / "cut" / "checkpoints" / "step-0000010"
+    deadline = time.time() + 240
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "cut" / "final").exists(), "the run finished before it could be killed"
+    resumed = _run("-m", "tests.train.counter_run", str(counter_dir), str(tmp_path / "cut"), steps, "--resume")
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    assert "resumed from step" in output
+    a, b = _final(tmp_path / "full"), _final(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_torchrun_two_processes_stay_in_sync(counter_dir, tmp_path):
+    proc = _run("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+                "-m", "tests.train.counter_run", str(counter_dir), str(tmp_path / "ddp"), "6")
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, output
+    assert output.count("all 2 ranks hold identical weights") >= 2  # at checkpoints and at the end
+    assert (tmp_path / "ddp" / "final" / "model.safetensors").is_file()
