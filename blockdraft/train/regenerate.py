@@ -58,8 +58,10 @@ def _check_meta(folder: Path, settings: RegenSettings) -> None:
             tmp.write_text(json.dumps({"settings": wanted}, indent=2) + "\n")
 
 
-def done_ids(folder: Path) -> set[str]:
-    return {r["id"] for split in SPLITS for r in read_split(folder, split)}
+def done_fingerprints(folder: Path) -> set[str]:
+    """Content hashes of the prompts already answered (ids may repeat across sources; content may not)."""
+    return {Prompt(r["id"], tuple(r["messages"][:-1]), r["source"]).fingerprint()
+            for split in SPLITS for r in read_split(folder, split)}
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, chat_kwargs: dict[str, Any]) -> list[int]:
@@ -111,22 +113,24 @@ def regenerate(target: TargetModel, prompts: list[Prompt], folder: str | Path, s
     """Generate the target's responses for `prompts` into `folder`; returns counts of this run."""
     folder = Path(folder)
     _check_meta(folder, settings)
-    done = done_ids(folder)
+    done = done_fingerprints(folder)
     tok = target.tokenizer
     todo: list[tuple[Prompt, list[int]]] = []
     skipped = 0
     for p in prompts:
-        if p.id in done:
+        if p.fingerprint() in done:
             continue
+        done.add(p.fingerprint())  # also drops duplicates across sources
         ids = encode_prompt(tok, p, settings.chat_template_kwargs)
         if len(ids) > settings.max_prompt_tokens:
             skipped += 1
             continue
         todo.append((p, ids))
+    already = len(done) - len(todo) - skipped
     log.info("%d prompts already done, %d to generate, %d skipped (prompt > %d tokens)",
-             len(done), len(todo), skipped, settings.max_prompt_tokens)
+             already, len(todo), skipped, settings.max_prompt_tokens)
     writers = {s: ShardWriter(folder, s, shard_size) for s in SPLITS}
-    counts = {"generated": 0, "tokens": 0, "skipped_long_prompt": skipped, "already_done": len(done)}
+    counts = {"generated": 0, "tokens": 0, "skipped_long_prompt": skipped, "already_done": already}
     buffer: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
     t0 = time.perf_counter()
