@@ -20,7 +20,7 @@ from blockdraft.config import DrafterConfig
 from blockdraft.drafter import Drafter
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.registry import DEFAULT_TARGET, mask_token_for, resolve_target
+from blockdraft.registry import DEFAULT_TARGET, load_target, mask_token_for
 from blockdraft.sampling import SamplingParams
 from blockdraft.stats import GenerationStats
 from blockdraft.target import TargetModel
@@ -28,27 +28,6 @@ from blockdraft.target import TargetModel
 log = logging.getLogger(__name__)
 
 Messages = Sequence[dict[str, str]]
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def default_dtype(device: str | torch.device) -> torch.dtype:
-    """fp32 on CPU (bf16 is slower there and fp32 keeps ties rare), bf16 on GPU."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
-def parse_dtype(name: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
-    if name is None or name == "auto":
-        return default_dtype(device)
-    if isinstance(name, torch.dtype):
-        return name
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
-    if name not in table:
-        raise InvalidArgumentError(f"dtype {name!r}: expected one of {sorted(table)} or 'auto'")
-    return table[name]
 
 
 @dataclass
@@ -92,15 +71,15 @@ class Pipeline:
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
              device: str | None = None, dtype: str | torch.dtype | None = None,
-             random_drafter_layers: int = 1, seed: int = 0) -> "Pipeline":
+             random_drafter_layers: int = 1, seed: int = 0, fast: bool = True) -> "Pipeline":
         """Load a target by id or folder and a drafter folder.
 
+        Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
         Without `drafter`, a freshly initialised drafter is built for the target (it drafts nothing useful:
         acceptance length ~1, output still exactly the target's); this is logged as a warning.
         """
-        device = device or default_device()
-        torch_dtype = parse_dtype(dtype, device)
-        tgt = TargetModel.from_pretrained(resolve_target(target), device=device, dtype=torch_dtype)
+        tgt = load_target(target, device=device, dtype=dtype, fast=fast)
+        device, torch_dtype = tgt.device, tgt.dtype
         if drafter is not None:
             return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype))
         log.warning("no trained drafter for %s: using a freshly initialised one (expect acceptance ~1)", target)

@@ -11,13 +11,18 @@ The drafter owns no embedding and no LM head: the target's are used (frozen).
 """
 from __future__ import annotations
 
+from typing import Callable, Optional, Union
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from blockdraft.config import DrafterConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (b, Hkv, C, d) each
+Mask = Union[torch.Tensor, BlockMask, None]  # dense bool (b, 1, Q, Kv), a flex BlockMask, or all visible
+MaskFn = Callable[[bool, Optional[int]], Mask]  # (causal, window) -> the mask of that layer kind
 
 
 class RMSNorm(nn.Module):
@@ -61,25 +66,38 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def layer_rule(diff: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
+    """Which keys a layer kind lets a query see, from diff = q_pos - k_pos (any shape) -> bool.
+
+    `causal`: keys at positions <= the query's. `window`: q_pos - k_pos < window (and, when not causal,
+    k_pos - q_pos < window). Elementwise, so dense masks and flex mask_mods share it.
+    """
+    ok = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
+    if window is not None:
+        ok = ok & ((diff < window) if causal else (diff.abs() < window))
+    return ok
+
+
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None,
                base: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Boolean attention mask (b, 1, Q, Kv) from positions, True = visible; None when all is visible.
+    """Boolean attention mask (b, 1, Q, Kv) from positions (b, Q), (b, Kv), True = visible; None when all
+    is visible. `base` (the training mask: anchor-strict context, same-block keys) is ANDed in."""
+    if not causal and window is None:
+        return base
+    layer = layer_rule(q_pos[:, :, None] - k_pos[:, None, :], causal, window)[:, None]
+    return layer if base is None else base & layer
 
-    `causal`: a key is visible only at positions <= the query's. `window`: only keys with
-    q_pos - k_pos < window (and, when not causal, k_pos - q_pos < window). `base` is ANDed in
-    (the training mask: anchor-strict context and same-block keys).
-    """
-    mask = base
-    if causal or window is not None:
-        diff = q_pos[:, :, None] - k_pos[:, None, :]  # (b, Q, Kv)
-        layer = torch.ones_like(diff, dtype=torch.bool)
-        if causal:
-            layer &= diff >= 0
-        if window is not None:
-            layer &= diff.abs() < window if not causal else diff < window
-        layer = layer[:, None]
-        mask = layer if mask is None else mask & layer
-    return mask
+
+_COMPILED_FLEX: dict[str, Callable] = {}
+
+
+def _flex(device: torch.device) -> Callable:
+    """flex_attention, compiled on GPU (where it is fast); eager elsewhere (correct, for tests)."""
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _COMPILED_FLEX:
+        _COMPILED_FLEX["cuda"] = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX["cuda"]
 
 
 class Attention(nn.Module):
@@ -102,14 +120,17 @@ class Attention(nn.Module):
         k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv)), cos, sin)
         return k, self._heads(self.v_proj(x), self.n_kv)
 
-    def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor, mask: Mask) -> torch.Tensor:
         """Block x (b, Q, D) attends to [ctx ; block] keys; returns (b, Q, D)."""
         q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), cos, sin)
         k_blk, v_blk = self.kv(x, cos, sin)
         k = torch.cat([ctx[0], k_blk], dim=2)
         v = torch.cat([ctx[1], v_blk], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv)
+        gqa = self.n_heads != self.n_kv
+        if isinstance(mask, BlockMask):
+            out = _flex(q.device)(q, k, v, block_mask=mask, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 
@@ -132,8 +153,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor, mask: Mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -220,20 +240,23 @@ class Drafter(nn.Module):
         return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
     def forward(self, block: torch.Tensor, positions: torch.Tensor, ctx: list[KV],
-                ctx_positions: torch.Tensor, base_mask: torch.Tensor | None = None) -> torch.Tensor:
+                ctx_positions: torch.Tensor, mask_fn: MaskFn | None = None) -> torch.Tensor:
         """Block embeddings (b, Q, D) at positions (b, Q) -> final hidden states (b, Q, D).
 
-        `ctx` holds each layer's context K/V at `ctx_positions` (b, C). `base_mask` (b, 1, Q, C+Q) is the
-        training mask; at inference it is None (the block sees all context and itself).
+        `ctx` holds each layer's context K/V at `ctx_positions` (b, C). `mask_fn(causal, window)` gives the
+        attention mask of a layer kind: training passes its anchored-block masks (dense or flex); at
+        inference it is None and masks come from positions alone (the block sees all context and itself).
         """
         x = block * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else block
         cos, sin = self.rotary(positions, x.dtype)
-        k_pos = torch.cat([ctx_positions, positions], dim=1)
-        masks: dict[tuple[bool, int | None], torch.Tensor | None] = {}
+        if mask_fn is None:
+            k_pos = torch.cat([ctx_positions, positions], dim=1)
+            mask_fn = lambda causal, window: visibility(positions, k_pos, causal, window)  # noqa: E731
+        masks: dict[tuple[bool, int | None], Mask] = {}
         for i, layer in enumerate(self.layers):
             key = (self.config.layer_causal(i), self.config.layer_window(i))
             if key not in masks:
-                masks[key] = visibility(positions, k_pos, *key, base=base_mask)
+                masks[key] = mask_fn(*key)
             x = layer(x, ctx[i], cos, sin, masks[key])
         return self.norm(x)
 

@@ -103,8 +103,9 @@ class SpeculativeEngine:
                 if t in stop:
                     committed = committed[: i + 1]
                     break
-            stats.acceptance_lengths.append(len(committed))
-            stats.drafted.append(n)
+            if speculative:  # plain decoding has no acceptance to report
+                stats.acceptance_lengths.append(len(committed))
+                stats.drafted.append(n)
             start += len(committed)
             remaining -= len(committed)
             token = committed[-1]

@@ -13,8 +13,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from blockdraft.device import default_device, parse_dtype
 from blockdraft.errors import CheckpointError, MissingDependencyError
+from blockdraft.fast_target import FastTarget, supports_fast_path
 from blockdraft.files import atomic_dir, cache_home
+from blockdraft.target import TargetModel
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +73,6 @@ def locate_gguf(spec: EmbeddedTarget) -> Path:
 
 def convert_embedded(name: str, dest: Path) -> None:
     """Dequantise the embedded GGUF to an fp32 Hugging Face folder at `dest`, atomically."""
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     spec = EMBEDDED[name]
@@ -124,6 +128,16 @@ def resolve_target(spec: str) -> str:
         return spec  # hub id, for users who are online
     raise CheckpointError(f"target {spec!r}: not a known id ({', '.join(EMBEDDED)}), "
                           "not an existing folder, and not a hub id of the form owner/name")
+
+
+def load_target(spec: str = DEFAULT_TARGET, *, device: str | None = None, dtype: str | torch.dtype | None = None,
+                fast: bool = True) -> TargetModel:
+    """A target by id, folder or hub id; Llama / Qwen2 / Qwen3 on our fast path unless `fast=False`."""
+    device = device or default_device()
+    target = TargetModel.from_pretrained(resolve_target(spec), device=device, dtype=parse_dtype(dtype, device))
+    if fast and supports_fast_path(target.model):
+        target = FastTarget(target.model, target.tokenizer)
+    return target
 
 
 def mask_token_for(spec: str, tokenizer: object, vocab_size: int) -> int:

@@ -95,6 +95,7 @@ def test_no_draft_is_plain_decoding(arch):
         out, stats = decode(engine, prompt, max_new_tokens=20, no_draft=True)
         assert out == hf_greedy(model, prompt, 20)
         assert stats.drafter_forwards == 0 and stats.target_forwards == 20
+        assert stats.mean_acceptance_length is None and "n/a (no draft)" in stats.summary()
     assert decode(SpeculativeEngine(target), [1, 2], max_new_tokens=5)[0] == hf_greedy(model, [1, 2], 5)
 
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from blockdraft.drafter import MaskFn, layer_rule, visibility
 
 IGNORE = -100
 
@@ -80,3 +83,31 @@ def block_mask(anchors: torch.Tensor, block_size: int, context_len: int) -> torc
     block_id = torch.arange(n).repeat_interleave(block_size)              # (N*B,)
     same = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)
     return torch.cat([ctx, same], dim=2)[:, None]
+
+
+def dense_mask_fn(blocks: Blocks, context_len: int, device: torch.device) -> MaskFn:
+    """Per-layer-kind dense masks: the block mask ANDed with the layer's causal / window rule (SDPA)."""
+    base = blocks.mask.to(device)
+    q_pos = blocks.positions.to(device)
+    ctx_pos = torch.arange(context_len, device=device).expand(q_pos.shape[0], -1)
+    k_pos = torch.cat([ctx_pos, q_pos], dim=1)
+    return lambda causal, window: visibility(q_pos, k_pos, causal, window, base)  # noqa: E731
+
+
+def flex_mask_fn(blocks: Blocks, context_len: int, device: torch.device) -> MaskFn:
+    """The same masks as flex_attention BlockMasks: sparse, never materialised (GPU training)."""
+    anchors = blocks.anchors.to(device)
+    B, T = blocks.block_size, context_len
+    b, n = anchors.shape
+
+    def make(causal: bool, window: int | None):
+        def mask_mod(bi, _h, q_idx, kv_idx):
+            q_block = q_idx // B
+            q_pos = anchors[bi, q_block] + q_idx % B
+            is_ctx = kv_idx < T
+            k_blk = (kv_idx - T).clamp(min=0)
+            k_pos = torch.where(is_ctx, kv_idx, anchors[bi, k_blk // B] + k_blk % B)
+            ok = torch.where(is_ctx, kv_idx < anchors[bi, q_block], k_blk // B == q_block)
+            return ok & layer_rule(q_pos - k_pos, causal, window)
+        return create_block_mask(mask_mod, b, None, n * B, T + n * B, device=str(device))
+    return make

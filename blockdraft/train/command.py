@@ -53,6 +53,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-len", type=int, default=3072)
     t.add_argument("--loss", choices=("decay", "acceptance"), default="decay")
     t.add_argument("--gamma", type=float, default=None)
+    t.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto",
+                   help="training attention: flex_attention block masks (auto on CUDA) or dense masks + SDPA")
     t.add_argument("--features", choices=("online", "cache"), default="online")
     t.add_argument("--feature-cache", default=None, help="folder for --features cache (default RUN/features)")
     t.add_argument("--limit", type=int, default=None, help="use at most this many training sequences")
@@ -73,15 +75,9 @@ def _device_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_target(args: argparse.Namespace):
-    from blockdraft.api import default_device, parse_dtype
-    from blockdraft.fast_target import FastTarget, supports_fast_path
-    from blockdraft.registry import resolve_target
-    from blockdraft.target import TargetModel
+    from blockdraft.registry import load_target
 
-    device = args.device or default_device()
-    target = TargetModel.from_pretrained(resolve_target(args.target), device=device,
-                                         dtype=parse_dtype(args.dtype, device))
-    return FastTarget(target.model, target.tokenizer) if supports_fast_path(target.model) else target
+    return load_target(args.target, device=args.device, dtype=args.dtype)
 
 
 def run_data(args: argparse.Namespace) -> int:
@@ -143,6 +139,7 @@ def run_train(args: argparse.Namespace) -> int:
                       max_anchors=args.max_anchors, loss=args.loss, gamma=args.gamma, save_every=args.save_every,
                       log_every=args.log_every, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
                       eval_max_new_tokens=args.eval_max_new_tokens, max_steps=args.max_steps, seed=args.seed,
+                      attention=args.attention,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
     final = Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)

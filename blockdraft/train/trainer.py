@@ -30,13 +30,13 @@ from tqdm import tqdm
 
 from blockdraft.checkpoint import load_drafter, save_drafter
 from blockdraft.config import DrafterConfig
-from blockdraft.drafter import Drafter
+from blockdraft.drafter import Drafter, MaskFn
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_dir
 from blockdraft.stats import GenerationStats
 from blockdraft.target import TargetModel
-from blockdraft.train.blocks import build_blocks, sample_anchors
+from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, sample_anchors
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import FeatureSource
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
@@ -65,6 +65,7 @@ class TrainConfig:
     eval_prompts: int = 8
     eval_max_new_tokens: int = 64
     max_steps: int | None = None  # stop early (the schedule still spans all epochs)
+    attention: str = "auto"       # "flex" on CUDA, "sdpa" (dense masks) elsewhere
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
 
@@ -96,17 +97,21 @@ class BlockForward(nn.Module):
         self.drafter = drafter
 
     def forward(self, features: torch.Tensor, block_emb: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        """features (b, T, K*D), block_emb (b, N*B, D), positions (b, N*B), mask (b, 1, N*B, T+N*B)."""
+                mask_fn: MaskFn) -> torch.Tensor:
+        """features (b, T, K*D), block_emb (b, N*B, D), positions (b, N*B) -> hidden (b, N*B, D)."""
         b, t = features.shape[:2]
         ctx_pos = torch.arange(t, device=features.device).expand(b, -1)
         ctx = self.drafter.context_kv(features, ctx_pos)
-        return self.drafter(block_emb, positions, ctx, ctx_pos, base_mask=mask)
+        return self.drafter(block_emb, positions, ctx, ctx_pos, mask_fn)
 
 
 def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], feats: list[torch.Tensor],
-                 anchors: list[torch.Tensor], forward: nn.Module | None = None) -> tuple[torch.Tensor, Any]:
-    """Draft logits (b, N*B, V) of anchored blocks of `seqs`, and the Blocks (labels, mask...)."""
+                 anchors: list[torch.Tensor], forward: nn.Module | None = None,
+                 attention: str = "sdpa") -> tuple[torch.Tensor, Any]:
+    """Draft logits (b, N*B, V) of anchored blocks of `seqs`, and the Blocks (labels, mask...).
+
+    attention: "sdpa" (dense boolean masks, runs anywhere) or "flex" (sparse BlockMasks, for GPUs).
+    """
     device = target.device
     t = max(s.input_ids.numel() for s in seqs)
     blocks = build_blocks([s.input_ids for s in seqs], [s.loss_mask for s in seqs], anchors,
@@ -115,7 +120,8 @@ def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], fe
     for i, f in enumerate(feats):
         padded[i, : f.shape[0]] = f.to(device, drafter.dtype)
     emb = target.embedding(blocks.input_ids.to(device)).to(drafter.dtype)
-    hidden = (forward or BlockForward(drafter))(padded, emb, blocks.positions.to(device), blocks.mask.to(device))
+    mask_fn = (flex_mask_fn if attention == "flex" else dense_mask_fn)(blocks, t, device)
+    hidden = (forward or BlockForward(drafter))(padded, emb, blocks.positions.to(device), mask_fn)
     return drafter.logits(hidden, target.lm_head), blocks
 
 
@@ -186,6 +192,10 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.gamma = cfg.gamma or default_gamma(drafter.config.block_size)
+        if cfg.attention not in ("auto", "sdpa", "flex"):
+            raise InvalidArgumentError(f"attention={cfg.attention!r}: expected 'auto', 'sdpa' or 'flex'")
+        self.attention = cfg.attention if cfg.attention != "auto" else \
+            ("flex" if target.device.type == "cuda" else "sdpa")
         target.set_feature_layers(drafter.config.target_layer_ids)
         drafter.train()
         self.forward = BlockForward(drafter)
@@ -214,7 +224,8 @@ class Trainer:
         device = self.target.device
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
         with autocast:
-            logits, blocks = block_logits(self.drafter, self.target, seqs, feats, anchors, self.forward)
+            logits, blocks = block_logits(self.drafter, self.target, seqs, feats, anchors, self.forward,
+                                          self.attention)
             out = block_loss(logits, blocks.labels.to(device), blocks.block_size, gamma=self.gamma,
                              kind=self.cfg.loss)
         (out.loss * scale).backward()

@@ -36,3 +36,19 @@ def test_tied_targets_use_their_real_head():
     drafter = tiny_drafter(target)
     hidden = torch.randn(3, target.hidden_size, dtype=torch.float64)
     assert torch.equal(drafter.logits(hidden, target.lm_head), hidden @ target.embedding.weight.T)
+
+
+@pytest.mark.parametrize("sliding", [None, 3])
+def test_flex_block_masks_give_the_dense_results(sliding):
+    target = TargetModel(tiny_hf_model("qwen3"))
+    drafter = tiny_drafter(target, layers=2, block_size=4, sliding_window=sliding)
+    target.set_feature_layers(drafter.config.target_layer_ids)
+    g = torch.Generator().manual_seed(1)
+    seqs = [Sequence(str(i), torch.randint(0, 95, (n,), generator=g), torch.ones(n, dtype=torch.bool))
+            for i, n in enumerate((19, 12))]
+    anchors = [torch.tensor([0, 5, 6, 15]), torch.tensor([3, 4])]
+    feats = [OnlineFeatures(target)(s) for s in seqs]
+    with torch.no_grad():  # flex_attention has no CPU backward; on CPU it only serves this check
+        dense, _ = block_logits(drafter, target, seqs, feats, anchors, attention="sdpa")
+        flex, _ = block_logits(drafter, target, seqs, feats, anchors, attention="flex")
+    assert torch.allclose(dense, flex, atol=1e-8)
