@@ -102,7 +102,7 @@ def save_drafter(drafter: Drafter, folder: str | Path, dtype: torch.dtype | None
     folder = Path(folder)
     state = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in drafter.state_dict().items()}
     config = drafter.config.to_dict()
-    config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    config["torch_dtype"] = config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
     with atomic_dir(folder) as tmp:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt", **(metadata or {})})
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")

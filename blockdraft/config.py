@@ -10,7 +10,8 @@ ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # Keys every saved config carries with fixed values (torch_dtype is derived from the weights on save).
-_FIXED = {"hidden_act": "silu", "attention_dropout": 0.0, "use_sliding_window": False}
+_FIXED = {"hidden_act": "silu", "attention_dropout": 0.0}
+_ROPE_TYPES = ("default", "linear", "llama3")
 # config.json keys we read into named fields; anything else is kept verbatim in `extra` for round trips.
 _DFLASH_KEYS = ("mask_token_id", "target_layer_ids", "input_embedding_scale", "output_multiplier",
                 "final_logit_softcapping")
@@ -92,12 +93,10 @@ class DrafterConfig:
                  f"{self.num_hidden_layers}")
             for t in self.layer_types:
                 need(t in LAYER_TYPES, f"layer_types has {t!r}, expected one of {LAYER_TYPES}")
-            if "sliding_attention" in self.layer_types:
-                need(isinstance(self.sliding_window, int) and self.sliding_window >= 1,
-                     f"sliding_window={self.sliding_window!r}, expected a positive integer for sliding layers")
+        need(self.sliding_window is None or (isinstance(self.sliding_window, int) and self.sliding_window >= 1),
+             f"sliding_window={self.sliding_window!r}, expected a positive integer or null")
         rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
-        need(rope_type in ("default", "linear"),
-             f"rope_scaling type {rope_type!r} is not supported, expected 'default' or 'linear'")
+        need(rope_type in _ROPE_TYPES, f"rope_scaling type {rope_type!r} is not supported, expected one of {_ROPE_TYPES}")
 
     @property
     def num_features(self) -> int:
@@ -172,9 +171,13 @@ class DrafterConfig:
                 values[name] = d[name]
         if "block_size" not in values and "block_size" in dflash:
             values["block_size"] = dflash["block_size"]
-        rope = d.get("rope_parameters") or {}
+        rope = d.get("rope_parameters") or {}  # transformers v5 layout
         if "rope_theta" not in values and "rope_theta" in rope:
             values["rope_theta"] = rope["rope_theta"]
+        if not values.get("rope_scaling") and rope.get("rope_type", "default") != "default":
+            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+        if d.get("use_sliding_window") is False:
+            values["sliding_window"] = None  # as Qwen3Config reads it: sliding layers stay causal, unwindowed
         if "head_dim" not in values and "hidden_size" in d and "num_attention_heads" in d:
             values["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
         if "num_key_value_heads" not in values and "num_attention_heads" in d:
@@ -187,7 +190,8 @@ class DrafterConfig:
         if d.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"config.json hidden_act={d['hidden_act']!r}, expected 'silu'")
         extra = {k: v for k, v in d.items() if k not in known and k not in _FIXED and k not in
-                 ("architectures", "model_type", "dflash_config", "rope_parameters", "torch_dtype")}
+                 ("architectures", "model_type", "dflash_config", "rope_parameters", "torch_dtype", "dtype",
+                  "use_sliding_window")}
         extra.update({f"dflash_config.{k}": v for k, v in dflash.items() if k not in _DFLASH_KEYS})
         try:
             return cls(**values, extra=extra)
@@ -210,6 +214,7 @@ class DrafterConfig:
         out = {"architectures": [ARCHITECTURE], "model_type": "qwen3"}
         out.update(d)
         out.update(_FIXED)
+        out["use_sliding_window"] = self.sliding_window is not None  # HF/vLLM/SGLang drop the window otherwise
         out.update({k: v for k, v in extra.items() if not k.startswith("dflash_config.")})
         out["dflash_config"] = dflash
         return out

@@ -46,8 +46,11 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict | None) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        if kind == "linear":
             inv_freq = inv_freq / float(scaling["factor"])
+        elif kind == "llama3":
+            inv_freq = _llama3_frequencies(inv_freq, scaling)
         self.inv_freq = inv_freq.float()
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,6 +60,16 @@ class Rotary(nn.Module):
         angles = positions[..., None].float() * self.inv_freq  # (b, T, d/2)
         emb = torch.cat([angles, angles], dim=-1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1 RoPE scaling: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between."""
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s["original_max_position_embeddings"])
+    wavelen = 2 * torch.pi / inv_freq
+    smooth = ((old / wavelen - low) / (high - low)).clamp(0, 1)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(wavelen < old / high, inv_freq, torch.where(wavelen > old / low, inv_freq / factor, scaled))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -235,7 +248,7 @@ class Drafter(nn.Module):
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[KV]:
         """Target features (b, C, K*D) at positions (b, C) -> every layer's context K/V."""
-        ctx = self.hidden_norm(self.fc(features))
+        ctx = self.hidden_norm(self.fc(features.to(self.dtype)))
         cos, sin = self.rotary(positions, ctx.dtype)
         return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
@@ -247,7 +260,9 @@ class Drafter(nn.Module):
         attention mask of a layer kind: training passes its anchored-block masks (dense or flex); at
         inference it is None and masks come from positions alone (the block sees all context and itself).
         """
-        x = block * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else block
+        x = block.to(self.dtype)
+        if self.config.input_embedding_scale != 1.0:
+            x = x * self.config.input_embedding_scale
         cos, sin = self.rotary(positions, x.dtype)
         if mask_fn is None:
             k_pos = torch.cat([ctx_positions, positions], dim=1)
@@ -262,7 +277,7 @@ class Drafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Draft logits through the target's LM head (plus the optional published output transforms)."""
-        logits = lm_head(hidden)
+        logits = lm_head(hidden.to(lm_head.weight.dtype))
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

@@ -103,7 +103,7 @@ class SpeculativeEngine:
                 if t in stop:
                     committed = committed[: i + 1]
                     break
-            if speculative:  # plain decoding has no acceptance to report
+            if n > 0:  # a cycle with nothing drafted (plain decoding, or the length limit) has no acceptance
                 stats.acceptance_lengths.append(len(committed))
                 stats.drafted.append(n)
             start += len(committed)

@@ -20,7 +20,9 @@ FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 
 
 def supports_fast_path(model: nn.Module) -> bool:
-    return getattr(model.config, "model_type", None) in FAST_FAMILIES
+    """Llama / Qwen2 / Qwen3 with full attention in every layer (sliding-window targets use the HF path)."""
+    config = model.config
+    return getattr(config, "model_type", None) in FAST_FAMILIES and not getattr(config, "use_sliding_window", False)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,10 @@ def sample_index(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = weights.cumsum(-1)
     target = (u.to(cdf.dtype) * cdf[..., -1])[..., None]
     idx = torch.searchsorted(cdf, target, right=True)[..., 0]
-    return idx.clamp_max(weights.shape[-1] - 1)
+    # u * total can round up to total: then fall back to the last token with positive weight, never a zero one
+    vocab = weights.shape[-1]
+    last_positive = vocab - 1 - (weights > 0).flip(-1).to(torch.int8).argmax(-1)
+    return torch.where(idx >= vocab, last_positive, idx)
 
 
 def new_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

@@ -40,12 +40,14 @@ def test_parse_published_config():
     assert out["architectures"] == ["DFlashDraftModel"] and out["model_type"] == "qwen3"
     assert out["dflash_config"] == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}
     for key, value in PUBLISHED_QWEN3_8B.items():
-        assert out[key] == value, key
+        if key != "dtype":  # a property of the saved weights: written by save_drafter
+            assert out[key] == value, key
     assert DrafterConfig.from_dict(json.loads(json.dumps(out))) == cfg
 
 
 def test_sliding_layers_and_causality():
-    d = dict(PUBLISHED_QWEN3_8B, layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=2048)
+    d = dict(PUBLISHED_QWEN3_8B, layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=2048,
+             use_sliding_window=True)
     cfg = DrafterConfig.from_dict(d)
     assert [cfg.layer_window(i) for i in range(5)] == [2048] * 4 + [None]
     assert [cfg.layer_causal(i) for i in range(5)] == [True] * 4 + [False]
@@ -57,9 +59,27 @@ def test_sliding_layers_and_causality():
     ({"num_target_layers": 30}, "target_layer_ids has 33"),
     ({"vocab_size": 1000}, "mask_token_id=151669"),
     ({"block_size": 1}, "block_size=1"),
-    ({"layer_types": ["sliding_attention"] * 5}, "sliding_window=None"),
+    ({"sliding_window": 0, "use_sliding_window": True}, "sliding_window=0"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "yarn"),
 ])
 def test_bad_configs_name_the_value(change, message):
     with pytest.raises((CheckpointError, InvalidArgumentError), match=message):
         DrafterConfig.from_dict(dict(PUBLISHED_QWEN3_8B, **change))
+
+
+def test_sliding_window_flag_round_trips_for_hf_vllm_sglang():
+    d = dict(PUBLISHED_QWEN3_8B, layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=512,
+             use_sliding_window=True)
+    out = DrafterConfig.from_dict(d).to_dict()
+    assert out["use_sliding_window"] is True and out["sliding_window"] == 512
+    off = DrafterConfig.from_dict(dict(d, use_sliding_window=False))  # how Qwen3Config reads it: no window
+    assert off.layer_window(0) is None and off.layer_causal(0) is True
+    assert off.to_dict()["use_sliding_window"] is False
+
+
+def test_rope_parameters_layout_keeps_its_scaling():
+    d = dict(PUBLISHED_QWEN3_8B, rope_scaling=None)
+    d.pop("rope_theta")
+    d["rope_parameters"] = {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5}
+    cfg = DrafterConfig.from_dict(d)
+    assert cfg.rope_theta == 5e5 and cfg.rope_scaling == {"rope_type": "linear", "factor": 4.0}

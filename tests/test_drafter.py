@@ -95,3 +95,30 @@ def test_runs_in_bfloat16(pair):
     d16 = drafter.to(torch.bfloat16)
     out = d16.draft(_block(target, 5).to(torch.bfloat16), 5, _features(target, 5).to(torch.bfloat16), DraftCache(3))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+def test_llama3_rope_matches_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from blockdraft.drafter import Rotary
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_scaling=dict(scaling, rope_theta=500000.0),
+                         max_position_embeddings=131072)
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    ours = Rotary(128, 500000.0, scaling).inv_freq
+    assert torch.allclose(ours, expected.float(), rtol=1e-6)
+
+
+def test_bf16_target_with_fp32_drafter():
+    target = TargetModel(tiny_hf_model("qwen3", dtype=torch.bfloat16))
+    drafter = tiny_drafter(target).float()
+    from blockdraft.engine import DecodeOptions, SpeculativeEngine
+    from blockdraft.stats import GenerationStats
+
+    stats = GenerationStats(1)
+    out = [t for c in SpeculativeEngine(target, drafter).decode([1, 2, 3], DecodeOptions(max_new_tokens=12), stats)
+           for t in c]
+    assert len(out) == 12 and stats.drafter_forwards > 0

@@ -48,3 +48,11 @@ def test_inverse_cdf_never_picks_zero_weight():
     w = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
     for u, expected in [(0.0, 1), (0.2499, 1), (0.25, 3), (0.9999999, 3)]:
         assert sample_index(w, torch.tensor(u, dtype=torch.float64)).item() == expected
+
+
+def test_inverse_cdf_rounding_never_lands_on_a_truncated_token():
+    w = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    for u in (1 - 1e-9, 1 - 1e-17, 0.99999999999):
+        assert sample_index(w, torch.tensor(u, dtype=torch.float64)).item() == 1
+    rows = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert sample_index(rows, torch.tensor([1 - 1e-12, 1 - 1e-12], dtype=torch.float64)).tolist() == [1, 0]

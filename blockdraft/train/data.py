@@ -39,9 +39,14 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], max_len: int,
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = len(_render(tokenizer, messages[:i], True, kwargs))
-        end = len(_render(tokenizer, messages[: i + 1], False, kwargs))
-        for j in range(start, min(end, len(ids))):
+        head = _render(tokenizer, messages[:i], True, kwargs)
+        turn = _render(tokenizer, messages[: i + 1], False, kwargs)
+        if ids[: len(head)] != head or ids[: len(turn)] != turn:
+            # The template renders earlier turns differently (e.g. drops their reasoning): leave this turn
+            # unsupervised rather than supervise the wrong tokens.
+            log.debug("assistant turn %d does not render as a prefix of the chat: not supervised", i)
+            continue
+        for j in range(len(head), len(turn)):
             mask[j] = True
     return ids[:max_len], mask[:max_len]
 

@@ -204,7 +204,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                            betas=(0.9, 0.95))
         per_step = cfg.batch_size * cfg.grad_accum * self.world
-        self.steps_per_epoch = max(1, len(sequences) // per_step)
+        if len(sequences) < per_step:
+            raise InvalidArgumentError(f"{len(sequences)} training sequences: expected at least batch_size x "
+                                       f"grad_accum x processes = {per_step}")
+        self.steps_per_epoch = len(sequences) // per_step
         self.total_steps = max(1, int(math.ceil(cfg.epochs * self.steps_per_epoch)))
 
     def _micro_batches(self, step: int) -> list[list[tuple[int, int]]]:

@@ -29,3 +29,15 @@ def test_load_sequences_from_shards(tmp_path):
     assert [s.id for s in seqs] == ["a", "b", "c"]  # "b" still supervises its end-of-turn tokens
     assert all(s.input_ids.dtype == torch.long and s.loss_mask.dtype == torch.bool for s in seqs)
     assert len(load_sequences(tmp_path, "train", tok, max_len=64, limit=1)) == 1
+
+
+def test_turns_the_template_renders_differently_are_left_unsupervised():
+    tok = tiny_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                         "{% if m['role'] == 'assistant' and not loop.last %}[earlier]{% else %}{{ m['content'] }}"
+                         "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                         "{% endif %}")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "first"},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": "second"}]
+    ids, mask = tokenize_chat(tok, messages, max_len=1000)
+    assert tok.decode([t for t, m in zip(ids, mask) if m]) == "second<|im_end|>\n"

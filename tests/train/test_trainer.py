@@ -54,6 +54,15 @@ def test_lr_schedule_warms_up_then_decays():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] < 0.01
 
 
+def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
+    from blockdraft.errors import InvalidArgumentError
+
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    with pytest.raises(InvalidArgumentError, match="3 training sequences: expected at least .* = 4"):
+        Trainer(TrainConfig(out=str(tmp_path), batch_size=2, grad_accum=2), counter, drafter, sequences(3),
+                OnlineFeatures(counter))
+
+
 def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path):
     torch.manual_seed(0)
     drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
