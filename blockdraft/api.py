@@ -82,7 +82,8 @@ class Pipeline:
         device, torch_dtype = tgt.device, tgt.dtype
         if drafter is not None:
             return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype))
-        log.warning("no trained drafter for %s: using a freshly initialised one (expect acceptance ~1)", target)
+        log.warning("no trained drafter for %s: using a freshly initialised drafter; the output is exactly the "
+                    "target's, but expect acceptance ~1 and no speed-up", target)
         config = DrafterConfig.for_target(tgt.config_dict(), num_layers=random_drafter_layers,
                                           mask_token_id=mask_token_for(target, tgt.tokenizer, tgt.vocab_size))
         fresh = Drafter(config).init_weights(seed).to(device=device, dtype=torch_dtype).eval()

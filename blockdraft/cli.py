@@ -39,9 +39,6 @@ def run_generate(args: argparse.Namespace) -> int:
     from blockdraft.api import Pipeline
 
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype)
-    if pipe.untrained_drafter and not args.no_draft:
-        print("note: no trained drafter given: using a freshly initialised drafter "
-              "(output is exactly the target's, but expect no speed-up)", file=sys.stderr)
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft)

@@ -40,9 +40,9 @@ def test_text_and_stats_line(capsys, tiny_target_dir, drafter_dir):
     assert "[stats]" in err and "acceptance length" in err
 
 
-def test_untrained_drafter_is_announced(capsys, tiny_target_dir):
-    code, _, err = run(capsys, "--target", tiny_target_dir, "--prompt", "x", "--max-new-tokens", 3)
-    assert code == 0 and "freshly initialised drafter" in err
+def test_untrained_drafter_is_announced(capsys, caplog, tiny_target_dir):
+    code, _, _ = run(capsys, "--target", tiny_target_dir, "--prompt", "x", "--max-new-tokens", 3)
+    assert code == 0 and "freshly initialised drafter" in caplog.text
 
 
 @pytest.mark.parametrize("args, message", [
