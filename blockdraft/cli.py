@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 
 from blockdraft.errors import BlockdraftError
@@ -55,6 +56,10 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="blockdraft", description="DFlash speculative decoding")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     _generate_parser(sub)
     add_training_parsers(sub)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # long jobs stop as on Ctrl-C: finished work is kept
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -134,22 +134,30 @@ def regenerate(target: TargetModel, prompts: list[Prompt], folder: str | Path, s
     buffer: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
     t0 = time.perf_counter()
-    for n, (i, resp, stopped) in enumerate(responses(target, [ids for _, ids in todo], settings, stop_ids(target)), 1):
-        p, ids = todo[i]
-        split = "heldout" if is_held_out(p, settings.heldout_percent) else "train"
-        buffer[split].append({"id": p.id, "source": p.source,
-                              "messages": list(p.messages) + [{"role": "assistant",
-                                                               "content": tok.decode(resp, skip_special_tokens=True)}],
-                              "prompt_tokens": len(ids), "response_tokens": len(resp),
-                              "finish_reason": "stop" if stopped else "length"})
-        counts["generated"] += 1
-        counts["tokens"] += len(resp)
-        if n % settings.batch_size == 0 or n == len(todo):
-            for s in SPLITS:
-                if buffer[s]:
-                    writers[s].add(buffer[s])
-                    buffer[s] = []
-        bar.update(1)
-        bar.set_postfix(tok_s=f"{counts['tokens'] / (time.perf_counter() - t0):.0f}")
+
+    def flush() -> None:
+        for s in SPLITS:
+            if buffer[s]:
+                writers[s].add(buffer[s])
+                buffer[s] = []
+
+    try:
+        for n, (i, resp, stopped) in enumerate(responses(target, [ids for _, ids in todo], settings,
+                                                         stop_ids(target)), 1):
+            p, ids = todo[i]
+            split = "heldout" if is_held_out(p, settings.heldout_percent) else "train"
+            text = tok.decode(resp, skip_special_tokens=True)
+            buffer[split].append({"id": p.id, "source": p.source,
+                                  "messages": list(p.messages) + [{"role": "assistant", "content": text}],
+                                  "prompt_tokens": len(ids), "response_tokens": len(resp),
+                                  "finish_reason": "stop" if stopped else "length"})
+            counts["generated"] += 1
+            counts["tokens"] += len(resp)
+            if n % settings.batch_size == 0:
+                flush()
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{counts['tokens'] / (time.perf_counter() - t0):.0f}")
+    finally:  # on Ctrl-C or SIGTERM (the CLI raises KeyboardInterrupt for both) keep every finished answer
+        flush()
     bar.close()
     return counts

@@ -54,3 +54,19 @@ def test_fast_and_hf_backends_write_the_same_responses():
     finally:
         model.config.model_type = "llama"
     assert fast == slow and len(fast) == 5
+
+
+def test_an_interrupted_run_keeps_every_finished_answer(target, tmp_path, monkeypatch):
+    import blockdraft.train.regenerate as regen
+
+    real = regen.responses
+
+    def three_then_interrupt(*args):
+        for k, item in enumerate(real(*args)):
+            if k == 3:
+                raise KeyboardInterrupt
+            yield item
+    monkeypatch.setattr(regen, "responses", three_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(target, prompts(8), tmp_path, RegenSettings(target="tiny", max_new_tokens=6, batch_size=4))
+    assert len(list(read_split(tmp_path, "train")) + list(read_split(tmp_path, "heldout"))) == 3
