@@ -1,0 +1,1 @@
+"""Benchmark harness: metrics, cost accounting and (soon) the side-by-side runner."""
