@@ -84,8 +84,9 @@ def iter_json_array(path: Path) -> Iterator[dict[str, Any]]:
 
 def _first_turn(record: dict[str, Any]) -> list[dict[str, str]] | None:
     """The messages up to the first user turn of a ShareGPT / OpenAI / plain record (None if unusable)."""
-    if "prompt" in record and isinstance(record["prompt"], str):
-        return [{"role": "user", "content": record["prompt"]}]
+    for key in ("prompt", "question", "problem", "text"):  # plain records (GSM8K, MATH-500, MBPP use these)
+        if isinstance(record.get(key), str) and "conversations" not in record and "messages" not in record:
+            return [{"role": "user", "content": record[key]}]
     turns = record.get("conversations") or record.get("messages")
     if not isinstance(turns, list):
         return None
