@@ -275,9 +275,16 @@ class Drafter(nn.Module):
             x = layer(x, ctx[i], cos, sin, masks[key])
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Draft logits through the target's LM head (plus the optional published output transforms)."""
-        logits = lm_head(hidden.to(lm_head.weight.dtype))
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft logits through the target's LM head (plus the optional published output transforms).
+
+        rows: vocabulary ids to score (training on a sub-vocabulary); None scores them all.
+        """
+        if rows is None:
+            logits = lm_head(hidden.to(lm_head.weight.dtype))
+        else:
+            bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[rows]
+            logits = F.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[rows], bias)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

@@ -57,6 +57,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="training attention: flex_attention block masks (auto on CUDA) or dense masks + SDPA")
     t.add_argument("--features", choices=("online", "cache"), default="online")
     t.add_argument("--feature-cache", default=None, help="folder for --features cache (default RUN/features)")
+    t.add_argument("--cache-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="layers to store in a new feature cache (a superset of the drafter's lets one cache "
+                        "serve several drafters); default: the drafter's")
+    t.add_argument("--vocab", choices=("full", "data"), default="full",
+                   help="score all tokens in the loss, or only the data's label tokens + --vocab-negatives")
+    t.add_argument("--vocab-negatives", type=int, default=2048)
     t.add_argument("--limit", type=int, default=None, help="use at most this many training sequences")
     t.add_argument("--save-every", type=int, default=200)
     t.add_argument("--log-every", type=int, default=10)
@@ -106,7 +112,8 @@ def run_train(args: argparse.Namespace) -> int:
     from blockdraft.checkpoint import load_drafter
     from blockdraft.registry import mask_token_for
     from blockdraft.train.data import load_sequences
-    from blockdraft.train.features import CachedFeatures, OnlineFeatures, build_feature_cache
+    from blockdraft.train.features import (CachedFeatures, OnlineFeatures, build_feature_cache,
+                                           cached_layer_ids)
     from blockdraft.train.regenerate import encode_prompt
     from blockdraft.train.shards import read_split
     from blockdraft.train.trainer import (TrainConfig, Trainer, _checkpoints, new_drafter,
@@ -128,7 +135,9 @@ def run_train(args: argparse.Namespace) -> int:
     sequences = load_sequences(args.data, "train", target.tokenizer, args.max_len, limit=args.limit)
     if args.features == "cache":
         folder = Path(args.feature_cache or out / "features")
+        target.set_feature_layers(cached_layer_ids(folder) or args.cache_layer_ids or drafter.config.target_layer_ids)
         build_feature_cache(target, sequences, folder)
+        target.set_feature_layers(drafter.config.target_layer_ids)
         features = CachedFeatures(folder, drafter.config.target_layer_ids)
     else:
         features = OnlineFeatures(target)
@@ -139,7 +148,7 @@ def run_train(args: argparse.Namespace) -> int:
                       max_anchors=args.max_anchors, loss=args.loss, gamma=args.gamma, save_every=args.save_every,
                       log_every=args.log_every, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
                       eval_max_new_tokens=args.eval_max_new_tokens, max_steps=args.max_steps, seed=args.seed,
-                      attention=args.attention,
+                      attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
     final = Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)

@@ -45,14 +45,23 @@ def feature_bytes(num_tokens: int, layer_ids: list[int], hidden: int, dtype: tor
 
 
 class CachedFeatures:
-    """Features read back from a cache folder built by `build_feature_cache`."""
+    """Features read back from a cache folder built by `build_feature_cache`.
+
+    The cache may hold more layers than the drafter uses (one cache serves drafters with different
+    target layer ids); the requested layers are sliced out in the requested order.
+    """
 
     def __init__(self, folder: str | Path, layer_ids: list[int], dtype: torch.dtype = torch.float32) -> None:
         self.folder = Path(folder)
         index = json.loads((self.folder / "index.json").read_text())
-        if index["layer_ids"] != list(layer_ids):
-            raise InvalidArgumentError(f"feature cache {folder} holds layers {index['layer_ids']}, "
-                                       f"expected {list(layer_ids)}: rebuild it or use another folder")
+        cached = index["layer_ids"]
+        missing = [i for i in layer_ids if i not in cached]
+        if missing:
+            raise InvalidArgumentError(f"feature cache {folder} holds layers {cached}, not {missing}: "
+                                       "rebuild it with those layers or use another folder")
+        self.slots = [cached.index(i) for i in layer_ids]
+        self.whole = self.slots == list(range(len(cached)))
+        self.num_cached = len(cached)
         self.entries: dict[str, str] = index["entries"]
         self.dtype = dtype
         self._handles: dict[str, object] = {}
@@ -67,7 +76,15 @@ class CachedFeatures:
         if feats.shape[0] != seq.input_ids.numel():
             raise InvalidArgumentError(f"cached features of {seq.id!r} have {feats.shape[0]} tokens, "
                                        f"the sequence has {seq.input_ids.numel()}: rebuild the cache")
+        if not self.whole:  # (T, K_cached*D) -> (T, K*D)
+            feats = feats.view(feats.shape[0], self.num_cached, -1)[:, self.slots].flatten(1)
         return feats.to(self.dtype)
+
+
+def cached_layer_ids(folder: str | Path) -> list[int] | None:
+    """The layers a cache folder holds, or None when there is no cache there yet."""
+    index = Path(folder) / "index.json"
+    return json.loads(index.read_text())["layer_ids"] if index.is_file() else None
 
 
 def build_feature_cache(target: TargetModel, sequences: list[Sequence], folder: str | Path,

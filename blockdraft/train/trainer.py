@@ -40,6 +40,7 @@ from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, s
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import FeatureSource
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
+from blockdraft.train.vocab import TrainVocab
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class TrainConfig:
     eval_max_new_tokens: int = 64
     max_steps: int | None = None  # stop early (the schedule still spans all epochs)
     attention: str = "auto"       # "flex" on CUDA, "sdpa" (dense masks) elsewhere
+    vocab: str = "full"           # "full", or "data": the data's label tokens + `vocab_negatives` per step
+    vocab_negatives: int = 2048
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
 
@@ -107,10 +110,11 @@ class BlockForward(nn.Module):
 
 def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], feats: list[torch.Tensor],
                  anchors: list[torch.Tensor], forward: nn.Module | None = None,
-                 attention: str = "sdpa") -> tuple[torch.Tensor, Any]:
+                 attention: str = "sdpa", rows: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
     """Draft logits (b, N*B, V) of anchored blocks of `seqs`, and the Blocks (labels, mask...).
 
     attention: "sdpa" (dense boolean masks, runs anywhere) or "flex" (sparse BlockMasks, for GPUs).
+    rows: score only these vocabulary ids (V = len(rows)); the labels are left as token ids.
     """
     device = target.device
     t = max(s.input_ids.numel() for s in seqs)
@@ -122,7 +126,7 @@ def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], fe
     emb = target.embedding(blocks.input_ids.to(device)).to(drafter.dtype)
     mask_fn = (flex_mask_fn if attention == "flex" else dense_mask_fn)(blocks, t, device)
     hidden = (forward or BlockForward(drafter))(padded, emb, blocks.positions.to(device), mask_fn)
-    return drafter.logits(hidden, target.lm_head), blocks
+    return drafter.logits(hidden, target.lm_head, None if rows is None else rows.to(device)), blocks
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -198,6 +202,10 @@ class Trainer:
             ("flex" if target.device.type == "cuda" else "sdpa")
         target.set_feature_layers(drafter.config.target_layer_ids)
         drafter.train()
+        if cfg.vocab not in ("full", "data"):
+            raise InvalidArgumentError(f"vocab={cfg.vocab!r}: expected 'full' or 'data'")
+        self.vocab = TrainVocab(sequences, target.vocab_size, cfg.vocab_negatives, cfg.seed) \
+            if cfg.vocab == "data" else None
         self.forward = BlockForward(drafter)
         if self.world > 1:
             self.forward = nn.parallel.DistributedDataParallel(self.forward)
@@ -219,17 +227,19 @@ class Trainer:
         mine = order[self.rank::self.world]
         return [[(epoch, i) for i in mine[j:j + cfg.batch_size]] for j in range(0, len(mine), cfg.batch_size)]
 
-    def _micro_step(self, batch: list[tuple[int, int]], scale: float) -> dict[str, Any]:
+    def _micro_step(self, batch: list[tuple[int, int]], scale: float, step: int) -> dict[str, Any]:
         seqs = [self.sequences[i] for _, i in batch]
         anchors = [sample_anchors(s.loss_mask, self.cfg.max_anchors, anchor_generator(self.cfg.seed, e, i))
                    for s, (e, i) in zip(seqs, batch)]
         feats = [self.features(s) for s in seqs]
         device = self.target.device
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+        rows = self.vocab.rows(step) if self.vocab else None
         with autocast:
             logits, blocks = block_logits(self.drafter, self.target, seqs, feats, anchors, self.forward,
-                                          self.attention)
-            out = block_loss(logits, blocks.labels.to(device), blocks.block_size, gamma=self.gamma,
+                                          self.attention, rows)
+            labels = blocks.labels if rows is None else self.vocab.remap(blocks.labels, rows)
+            out = block_loss(logits, labels.to(device), blocks.block_size, gamma=self.gamma,
                              kind=self.cfg.loss)
         (out.loss * scale).backward()
         return {"loss": out.loss.item(), "acc": out.slot_accuracy.cpu() * out.slot_counts.cpu(),
@@ -255,7 +265,7 @@ class Trainer:
                 group["lr"] = lr
             micro = self._micro_batches(step)
             for batch in micro:
-                window.append(self._micro_step(batch, 1.0 / len(micro)))
+                window.append(self._micro_step(batch, 1.0 / len(micro), step))
             torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

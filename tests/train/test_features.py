@@ -4,7 +4,8 @@ import torch
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.target import TargetModel
 from blockdraft.train.data import Sequence
-from blockdraft.train.features import CachedFeatures, OnlineFeatures, build_feature_cache, feature_bytes
+from blockdraft.train.features import (CachedFeatures, OnlineFeatures, build_feature_cache, cached_layer_ids,
+                                      feature_bytes)
 from tests.conftest import tiny_hf_model
 
 
@@ -19,7 +20,18 @@ def test_cache_matches_online_features_and_resumes(tmp_path):
     for s in seqs:
         assert torch.allclose(cached(s), online(s), atol=2e-3, rtol=1e-2)  # stored as fp16
     assert feature_bytes(1000, [0, 2], 32) == 1000 * 2 * 32 * 2
-    with pytest.raises(InvalidArgumentError, match=r"holds layers \[0, 2\], expected \[1\]"):
-        CachedFeatures(tmp_path, [1])
+    with pytest.raises(InvalidArgumentError, match=r"holds layers \[0, 2\], not \[1\]"):
+        CachedFeatures(tmp_path, [0, 1])
     with pytest.raises(InvalidArgumentError, match="'zz' is not in the feature cache"):
         cached(Sequence("zz", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)))
+
+
+def test_a_cache_of_more_layers_serves_any_subset_in_any_order(tmp_path):
+    target = TargetModel(tiny_hf_model("llama", dtype=torch.float32))
+    seq = Sequence("a", torch.randint(0, 96, (7,)), torch.ones(7, dtype=torch.bool))
+    target.set_feature_layers([0, 1, 3])
+    build_feature_cache(target, [seq], tmp_path)
+    for subset in ([3], [1, 0], [0, 1, 3]):
+        target.set_feature_layers(subset)
+        assert torch.allclose(CachedFeatures(tmp_path, subset)(seq), OnlineFeatures(target)(seq), atol=2e-3, rtol=1e-2)
+    assert cached_layer_ids(tmp_path) == [0, 1, 3] and cached_layer_ids(tmp_path / "none") is None

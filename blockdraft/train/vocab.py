@@ -1,0 +1,43 @@
+"""Training on a sub-vocabulary: the drafter's cross-entropy over the tokens the data uses.
+
+Scoring all V tokens of the target's LM head is most of a CPU training step (for SmolLM2, 49,152 rows
+against ~10K distinct tokens in 330K regenerated response tokens). `TrainVocab` scores only the tokens
+that appear as labels in the training data, plus `negatives` others drawn afresh every step (a function of
+(seed, step), so a resumed run draws the same ones), which keeps the rest of the vocabulary pushed down.
+Labels outside the sub-vocabulary are dropped from the loss. The drafter itself is unchanged: inference
+still scores the whole vocabulary, and the engine's acceptance measures the result.
+"""
+from __future__ import annotations
+
+import torch
+
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.train.blocks import IGNORE
+from blockdraft.train.data import Sequence
+
+
+class TrainVocab:
+    def __init__(self, sequences: list[Sequence], vocab_size: int, negatives: int, seed: int) -> None:
+        if negatives < 0:
+            raise InvalidArgumentError(f"vocab negatives={negatives}: expected >= 0")
+        seen = torch.zeros(vocab_size, dtype=torch.bool)
+        for s in sequences:
+            seen[s.input_ids[s.loss_mask.bool()]] = True
+        self.core = seen.nonzero()[:, 0]          # (V_data,) label tokens, sorted
+        self.rest = (~seen).nonzero()[:, 0]       # (V - V_data,)
+        self.negatives = min(negatives, self.rest.numel())
+        self.vocab_size, self.seed = vocab_size, seed
+
+    def rows(self, step: int) -> torch.Tensor:
+        """(V',) vocabulary ids scored at `step`: the data's tokens first, then this step's negatives."""
+        if not self.negatives:
+            return self.core
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        pick = torch.randperm(self.rest.numel(), generator=g)[: self.negatives]
+        return torch.cat([self.core, self.rest[pick]])
+
+    def remap(self, labels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Labels as indices into `rows` (IGNORE stays IGNORE; tokens not in `rows` become IGNORE)."""
+        lookup = torch.full((self.vocab_size,), IGNORE, dtype=torch.long)
+        lookup[rows] = torch.arange(rows.numel())
+        return torch.where(labels == IGNORE, IGNORE, lookup[labels.clamp_min(0)])
