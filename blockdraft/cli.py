@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 
+from blockdraft.bench.command import add_parser as add_bench_parser
+from blockdraft.bench.command import run_bench_command
 from blockdraft.errors import BlockdraftError
 from blockdraft.registry import DEFAULT_TARGET
 from blockdraft.train.command import add_parsers as add_training_parsers
@@ -66,12 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     add_training_parsers(sub)
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # long jobs stop as on Ctrl-C: finished work is kept
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return {"generate": run_generate, "data": run_data, "train": run_train}[args.command](args)
+        return {"generate": run_generate, "data": run_data, "train": run_train,
+                "bench": run_bench_command}[args.command](args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)
         return 2

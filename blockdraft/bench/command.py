@@ -1,0 +1,135 @@
+"""`blockdraft bench`: side-by-side runs on benchmark prompts (or a server sweep), JSON + Markdown + plots."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from blockdraft.registry import DEFAULT_TARGET
+
+log = logging.getLogger(__name__)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 4,8,16") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark DFlash against plain decoding and peer baselines")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one for the target)")
+    p.add_argument("--dataset", action="append", default=None,
+                   help="mt-bench, humaneval, sharegpt-heldout, gsm8k, math500, mbpp or a JSONL file; repeatable "
+                        "(default mt-bench)")
+    p.add_argument("--local", default=None, help="local JSONL standing in for an online dataset (gsm8k/math500/mbpp)")
+    p.add_argument("--max-samples", type=int, default=None, help="deterministic seeded subset per dataset")
+    p.add_argument("--turns", type=int, default=2, help="turns of multi-turn prompts (MT-Bench has 2)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--block-sizes", type=_ints, default=(), help="DFlash run-time block sizes (default: trained)")
+    p.add_argument("--methods", default="dflash,no_draft,hf_generate,hf_prompt_lookup",
+                   help="comma-separated subset of dflash,no_draft,hf_generate,hf_prompt_lookup")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--thinking", choices=("on", "off", "default"), default="default",
+                   help="chat templates with an enable_thinking flag get it (recorded in the JSON)")
+    p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and the plots")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="auto")
+    s = p.add_argument_group("server mode (any OpenAI-compatible server)")
+    s.add_argument("--base-url", default=None, help="sweep this server instead of running models here")
+    s.add_argument("--baseline-url", default=None, help="a second server (e.g. plain decoding) for the speed-up column")
+    s.add_argument("--model", default=None, help="model name to request (default: the server's first)")
+    s.add_argument("--concurrency", type=_ints, default=(1, 2, 4, 8, 16, 32))
+    s.add_argument("--requests-per-level", type=int, default=None)
+    s.add_argument("--api-key", default=None)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from blockdraft.bench.datasets import bench_prompts
+    from blockdraft.errors import InvalidArgumentError
+
+    if args.max_new_tokens < 1 or (args.max_samples is not None and args.max_samples < 1) or args.turns < 1:
+        raise InvalidArgumentError(f"max_new_tokens={args.max_new_tokens}, max_samples={args.max_samples}, "
+                                   f"turns={args.turns}: expected integers >= 1")
+    datasets = args.dataset or ["mt-bench"]
+    prompts = {_label(d): bench_prompts(d, args.max_samples, args.seed, args.local) for d in datasets}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = _server(args, prompts) if args.base_url else _local(args, prompts, out)
+    _write(out, result)
+    return 0
+
+
+def _label(dataset: str) -> str:
+    """A JSONL path is reported under its file name without extensions."""
+    return Path(dataset).name.split(".")[0] if Path(dataset).expanduser().is_file() else dataset
+
+
+def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
+    from blockdraft.api import Pipeline
+    from blockdraft.bench.costs import verify_cost_curve
+    from blockdraft.bench.report import cost_accounting, environment, plots, summaries
+    from blockdraft.bench.runner import BenchSettings, run_bench
+
+    kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                             block_sizes=tuple(args.block_sizes), methods=tuple(args.methods.split(",")),
+                             prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
+                             chat_template_kwargs=kwargs)
+    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype)
+    methods, records = run_bench(pipe, prompts, settings)
+    result: dict[str, Any] = {
+        "schema": "blockdraft.bench/1", "environment": environment(pipe.target.device, pipe.target.dtype),
+        "config": {"target": args.target, "drafter": args.drafter or "default",
+                   "untrained_drafter": pipe.untrained_drafter, "datasets": {d: len(p) for d, p in prompts.items()},
+                   "methods": methods, "settings": vars(settings) | {"block_sizes": list(settings.block_sizes)}},
+        "summaries": summaries(records, methods, greedy=args.temperature == 0),
+        "records": [r.to_dict() for r in records],
+    }
+    blocks = [r.block_size for r in records if r.block_size > 1]
+    if blocks and not args.no_cost:
+        context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in records))
+        curve = verify_cost_curve(pipe.target, max(blocks), context=context)
+        result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
+    result["plots"] = [p.name for p in plots(result, out)]
+    return result
+
+
+def _server(args: argparse.Namespace, prompts: dict[str, list]) -> dict[str, Any]:
+    from blockdraft.bench.server import server_sweep
+
+    flat = [p for ps in prompts.values() for p in ps]
+    kw = dict(model=args.model, max_tokens=args.max_new_tokens, temperature=args.temperature,
+              requests_per_level=args.requests_per_level, api_key=args.api_key)
+    result = {"schema": "blockdraft.bench.server/1", "sweep": server_sweep(args.base_url, flat, list(args.concurrency), **kw)}
+    if args.baseline_url:
+        result["baseline"] = server_sweep(args.baseline_url, flat, list(args.concurrency), **kw)
+    return result
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    from blockdraft.files import atomic_path
+
+    if "sweep" in result:
+        from blockdraft.bench.server import server_table
+
+        table = server_table(result["sweep"], result.get("baseline"))
+    else:
+        from blockdraft.bench.report import markdown
+
+        table = markdown(result)
+    with atomic_path(out / "bench.json") as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
+    with atomic_path(out / "bench.md") as tmp:
+        tmp.write_text(table)
+    print(table)
+    log.warning("wrote %s and %s", out / "bench.json", out / "bench.md")

@@ -1,0 +1,230 @@
+"""From runner records to the benchmark's outputs: summaries, cost accounting, JSON, Markdown, plots.
+
+Per (dataset, method) and overall: acceptance length (per cycle, bonus included, averaged per prompt then
+over prompts), its pooled histogram and per-position rates, TTFT, time per output token, tokens/s
+(all new tokens over all wall time), speed-ups over every baseline, greedy agreement with our plain
+decoding, target tokens processed per committed token and the drafter's share of decode time. The cost
+section puts the measured verify cost curve next to each DFlash method: break-even acceptance length and
+predicted vs measured speed-up.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections import defaultdict
+from importlib import metadata
+from pathlib import Path
+from statistics import mean, median
+from typing import Any
+
+import torch
+
+from blockdraft.bench.metrics import (break_even_acceptance, mean_acceptance_length, pooled_histogram,
+                                      pooled_per_position, predicted_speedup, speedup,
+                                      target_tokens_per_committed)
+from blockdraft.bench.runner import Record
+from blockdraft.files import atomic_path
+
+SCHEMA = "blockdraft.bench/1"
+BASELINES = ("no_draft", "hf_generate")
+OVERALL = "overall"
+
+
+def _per_prompt(records: list[Record], attr: str) -> list[list[int]]:
+    """Concatenate a per-cycle list over the turns of each prompt (a prompt counts once)."""
+    by_prompt: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        by_prompt[f"{r.dataset}/{r.prompt_id}"].extend(getattr(r, attr))
+    return list(by_prompt.values())
+
+
+def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = None) -> dict[str, Any]:
+    """Metrics of one method's records (one dataset or all). reference: greedy no_draft outputs by key."""
+    tokens = sum(r.new_tokens for r in records)
+    seconds = sum(r.total_s for r in records)
+    decode_s = sum(r.total_s - r.ttft_s for r in records)
+    out: dict[str, Any] = {
+        "generations": len(records), "new_tokens": tokens, "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "ttft_ms_mean": 1000 * mean(r.ttft_s for r in records),
+        "ttft_ms_median": 1000 * median(r.ttft_s for r in records),
+        "tpot_ms": 1000 * decode_s / max(sum(r.new_tokens - 1 for r in records), 1),
+    }
+    lengths, drafted = _per_prompt(records, "acceptance_lengths"), _per_prompt(records, "drafted")
+    block = max(r.block_size for r in records)
+    if block > 1:
+        cycles = sum(len(x) for x in lengths)
+        out.update({
+            "block_size": block, "cycles": cycles,
+            "mean_acceptance_length": mean_acceptance_length(lengths),
+            "acceptance_histogram": pooled_histogram(lengths, block),
+            "per_position_acceptance": pooled_per_position(lengths, drafted, block),
+            "target_tokens_per_committed": target_tokens_per_committed(lengths, drafted),
+            "drafter_share_of_decode": sum(r.drafter_s for r in records) / decode_s if decode_s else 0.0,
+            "drafter_s_per_cycle": sum(r.drafter_s for r in records) / cycles if cycles else 0.0,
+        })
+    if reference is not None:
+        keys = [(r.dataset, r.prompt_id, r.turn) for r in records]
+        same = sum(1 for r, k in zip(records, keys) if k in reference and reference[k] == r.token_ids)
+        out["identical_to_no_draft"] = same
+        out["compared"] = sum(1 for k in keys if k in reference)
+    return out
+
+
+def summaries(records: list[Record], methods: list[str], greedy: bool) -> dict[str, dict[str, dict[str, Any]]]:
+    """{dataset or 'overall': {method: summary}}, with speed-ups over each baseline filled in."""
+    reference = {(r.dataset, r.prompt_id, r.turn): r.token_ids for r in records if r.method == "no_draft"} \
+        if greedy else None
+    groups: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        groups[r.dataset].append(r)
+    groups[OVERALL] = list(records)
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, recs in groups.items():
+        table = {m: summarize([r for r in recs if r.method == m], reference)
+                 for m in methods if any(r.method == m for r in recs)}
+        for m, row in table.items():
+            row["speedup"] = {b: speedup(row["tokens_per_second"], table[b]["tokens_per_second"])
+                              for b in BASELINES if b in table}
+        result[name] = table
+    return result
+
+
+def cost_accounting(overall: dict[str, dict[str, Any]], curve: dict[int, float], context: int) -> dict[str, Any]:
+    """Break-even acceptance and predicted vs measured speed-up of each DFlash method (vs no_draft)."""
+    rows: dict[str, Any] = {}
+    for m, row in overall.items():
+        b = row.get("block_size", 1)
+        if b <= 1 or b not in curve or row.get("mean_acceptance_length") is None:
+            continue
+        d = row["drafter_s_per_cycle"]
+        rows[m] = {"verify_tokens": b, "break_even_acceptance": break_even_acceptance(curve, b, d),
+                   "predicted_speedup": predicted_speedup(curve, b, d, row["mean_acceptance_length"]),
+                   "measured_speedup": row["speedup"].get("no_draft"),
+                   "target_tokens_per_committed": row["target_tokens_per_committed"],
+                   "drafter_share_of_decode": row["drafter_share_of_decode"]}
+    return {"context_tokens": context, "verify_cost_s": {str(q): s for q, s in curve.items()},
+            "verify_cost_ratio": {str(q): s / curve[1] for q, s in curve.items()}, "methods": rows}
+
+
+# ------------------------------------------------------------------ environment
+def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "packages": {p: version(p) for p in ("blockdraft", "torch", "transformers", "tokenizers", "safetensors")},
+        "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).replace("torch.", ""), "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ------------------------------------------------------------------ Markdown
+def _f(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["| dataset | method | tau | tok/s | TTFT ms | TPOT ms | x no_draft | x hf_generate | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for dataset, table in result["summaries"].items():
+        for m, row in table.items():
+            same = f"{row['identical_to_no_draft']}/{row['compared']}" if "compared" in row else "-"
+            lines.append(f"| {dataset} | {m} | {_f(row.get('mean_acceptance_length'))} | "
+                         f"{row['tokens_per_second']:.1f} | {row['ttft_ms_median']:.0f} | {row['tpot_ms']:.1f} | "
+                         f"{_f(row['speedup'].get('no_draft'))} | {_f(row['speedup'].get('hf_generate'))} | {same} |")
+    cost = result.get("cost")
+    if cost and cost["methods"]:
+        ratio = cost["verify_cost_ratio"]
+        lines += ["", f"Verify cost at context {cost['context_tokens']} (c(q)/c(1)): " +
+                  ", ".join(f"q={q}: {r:.2f}" for q, r in ratio.items()), "",
+                  "| method | verify tokens | break-even tau | tau | predicted x | measured x | target tok / committed | drafter share |",
+                  "|---|---|---|---|---|---|---|---|"]
+        overall = result["summaries"][OVERALL]
+        for m, c in cost["methods"].items():
+            lines.append(f"| {m} | {c['verify_tokens']} | {c['break_even_acceptance']:.2f} | "
+                         f"{_f(overall[m]['mean_acceptance_length'])} | {c['predicted_speedup']:.2f} | "
+                         f"{_f(c['measured_speedup'])} | {c['target_tokens_per_committed']:.2f} | "
+                         f"{100 * c['drafter_share_of_decode']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ plots
+def plots(result: dict[str, Any], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    overall = result["summaries"][OVERALL]
+    dflash = {m: r for m, r in overall.items() if r.get("block_size", 1) > 1}
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, r in dflash.items():
+        ax.plot(range(1, len(r["acceptance_histogram"]) + 1), r["acceptance_histogram"], marker="o", label=m)
+    ax.set(xlabel="tokens committed per cycle", ylabel="share of cycles", title="Acceptance length histogram")
+    paths.append(_save(fig, ax, folder / "acceptance_histogram.png", bool(dflash)))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, r in dflash.items():
+        rates = r["per_position_acceptance"]
+        ax.plot(range(1, len(rates) + 1), [float("nan") if x is None else x for x in rates], marker="o", label=m)
+    ax.set(xlabel="draft position", ylabel="accepted | proposed", title="Per-position acceptance", ylim=(0, 1.05))
+    paths.append(_save(fig, ax, folder / "per_position_acceptance.png", bool(dflash)))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    datasets = [d for d in result["summaries"] if d != OVERALL] + [OVERALL]
+    methods = [m for m in overall if m != "no_draft"]
+    width = 0.8 / max(len(methods), 1)
+    for i, m in enumerate(methods):
+        ys = [result["summaries"][d].get(m, {}).get("speedup", {}).get("no_draft") or 0 for d in datasets]
+        ax.bar([x + i * width for x in range(len(datasets))], ys, width, label=m)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(datasets))], datasets)
+    ax.set(ylabel="tokens/s over no_draft", title="Speed-up per dataset")
+    paths.append(_save(fig, ax, folder / "speedup.png", bool(methods)))
+
+    cost = result.get("cost")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if cost:
+        qs = [int(q) for q in cost["verify_cost_ratio"]]
+        ax.plot(qs, list(cost["verify_cost_ratio"].values()), marker="o", label="c(q)/c(1): break-even tau, free drafter")
+        for m, c in cost["methods"].items():
+            ax.axhline(c["break_even_acceptance"], ls="--", lw=0.8, label=f"{m} break-even {c['break_even_acceptance']:.2f}")
+            tau = overall[m]["mean_acceptance_length"]
+            ax.scatter([c["verify_tokens"]], [tau], marker="*", s=120, zorder=3, label=f"{m} measured tau {tau:.2f}")
+        ax.set(xlabel="tokens verified per cycle (q)", ylabel="cost relative to one decode step",
+               title=f"Verify cost curve (context {cost['context_tokens']})")
+    paths.append(_save(fig, ax, folder / "verify_cost.png", bool(cost)))
+    return paths
+
+
+def _save(fig: Any, ax: Any, path: Path, has_data: bool) -> Path:
+    import matplotlib.pyplot as plt
+
+    if has_data:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no data (no DFlash method in this run)", ha="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return path

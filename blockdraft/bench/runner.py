@@ -1,0 +1,198 @@
+"""The side-by-side runner: every method decodes the same prompts in the same process, interleaved.
+
+Methods (names as they appear in the results):
+    dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
+    no_draft          plain autoregressive decoding through our engine (the same target forward)
+    hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache)
+    hf_prompt_lookup  Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`), a drafter-free peer
+
+Prompts run prompt-major (for each prompt, every method in turn) so machine noise hits all methods alike.
+Multi-turn prompts (MT-Bench) ask each follow-up after the method's own previous answer. A warm-up
+generation per method precedes the timed ones. Each generation becomes one `Record` (raw numbers only);
+`bench.report` turns records into metrics, tables and plots.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from blockdraft.api import Pipeline
+from blockdraft.engine import DecodeOptions
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.prompts import Prompt
+from blockdraft.sampling import SamplingParams
+from blockdraft.stats import GenerationStats, now
+
+log = logging.getLogger(__name__)
+
+BASE_METHODS = ("no_draft", "hf_generate", "hf_prompt_lookup")
+
+
+@dataclass
+class BenchSettings:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    block_sizes: tuple[int, ...] = ()          # DFlash run-time block sizes; () = the trained size
+    methods: tuple[str, ...] = ("dflash", "no_draft", "hf_generate", "hf_prompt_lookup")
+    prompt_lookup_tokens: int = 10
+    turns: int = 2                             # at most this many turns of multi-turn prompts
+    seed: int = 0
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Record:
+    """One timed generation."""
+
+    dataset: str
+    prompt_id: str
+    turn: int
+    method: str
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float                 # prompt in -> first new token out
+    total_s: float                # prompt in -> last token out
+    block_size: int = 1
+    acceptance_lengths: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    drafter_s: float = 0.0
+    target_forwards: int = 0
+    token_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def method_names(settings: BenchSettings, trained_block_size: int | None) -> list[str]:
+    """Expand 'dflash' into one dflash-bN per block size; validate the rest."""
+    names: list[str] = []
+    for m in settings.methods:
+        if m == "dflash":
+            if trained_block_size is None:
+                raise InvalidArgumentError("method 'dflash' needs a drafter")
+            for b in settings.block_sizes or (trained_block_size,):
+                if not 2 <= b <= trained_block_size:
+                    raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
+                names.append(f"dflash-b{b}")
+        elif m in BASE_METHODS:
+            names.append(m)
+        else:
+            raise InvalidArgumentError(f"method {m!r}: expected dflash, {', '.join(BASE_METHODS)}")
+    return names
+
+
+# ------------------------------------------------------------------ one generation per method
+class _FirstTokenClock:
+    """A `generate()` streamer that notes when the first new token arrives (the first put is the prompt)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.calls, self.first = device, 0, None
+
+    def put(self, _value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = now(self.device)
+
+    def end(self) -> None:
+        pass
+
+
+def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
+                seed: int) -> tuple[list[int], GenerationStats, float]:
+    no_draft = method == "no_draft"
+    block = None if no_draft else int(method.split("-b")[1])
+    options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=no_draft,
+                            stop_token_ids=stops, sampling=SamplingParams(s.temperature, 0, s.top_p, seed))
+    stats = GenerationStats(block_size=1)
+    t0 = now(pipe.target.device)
+    tokens = [t for chunk in pipe.engine.decode(ids, options, stats) for t in chunk]
+    return tokens, stats, now(pipe.target.device) - t0
+
+
+def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
+            seed: int) -> tuple[list[int], float, float]:
+    device = pipe.target.device
+    kwargs: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "eos_token_id": list(stops),
+                              "pad_token_id": stops[0] if stops else None}
+    if s.temperature > 0:
+        torch.manual_seed(seed)
+        kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if method == "hf_prompt_lookup":
+        kwargs["prompt_lookup_num_tokens"] = s.prompt_lookup_tokens
+    clock = _FirstTokenClock(device)
+    x = torch.tensor([ids], device=device)
+    t0 = now(device)
+    with torch.inference_mode():
+        out = pipe.target.model.generate(x, attention_mask=torch.ones_like(x), streamer=clock, **kwargs)
+    total = now(device) - t0
+    return out[0, len(ids):].tolist(), (clock.first or t0 + total) - t0, total
+
+
+def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[int], method: str,
+            s: BenchSettings, seed: int) -> Record:
+    stops = pipe.stop_token_ids()
+    if method.startswith("hf_"):
+        tokens, ttft, total = _hf_run(pipe, ids, method, s, stops, seed)
+        return Record(dataset, prompt_id, turn, method, len(ids), len(tokens), ttft, total, token_ids=tokens)
+    tokens, st, total = _engine_run(pipe, ids, method, s, stops, seed)
+    return Record(dataset, prompt_id, turn, method, len(ids), len(tokens), st.prefill_time, total,
+                  block_size=st.block_size, acceptance_lengths=list(st.acceptance_lengths), drafted=list(st.drafted),
+                  drafter_s=st.drafter_time, target_forwards=st.target_forwards, token_ids=tokens)
+
+
+# ------------------------------------------------------------------ the loop
+def _turns(prompt: Prompt, max_turns: int) -> list[str]:
+    return [prompt.text, *prompt.followups][:max_turns]
+
+
+def _conversations(pipe: Pipeline, dataset: str, prompts: list[Prompt], methods: list[str], s: BenchSettings,
+                   ) -> Iterator[Callable[[], Record]]:
+    """Yield one thunk per (prompt, turn, method), prompt-major; each turn follows the method's own answer."""
+    for p_index, prompt in enumerate(prompts):
+        history = {m: list(prompt.messages[:-1]) for m in methods}
+        for turn, user in enumerate(_turns(prompt, s.turns), start=1):
+            for m in methods:
+                def thunk(m: str = m, turn: int = turn, user: str = user) -> Record:
+                    history[m].append({"role": "user", "content": user})
+                    ids = pipe.encode(messages=history[m], chat_template_kwargs=s.chat_template_kwargs)
+                    rec = run_one(pipe, dataset, prompt.id, turn, ids, m, s, seed=s.seed * 100_003 + p_index)
+                    answer = pipe.tokenizer.decode(rec.token_ids, skip_special_tokens=True)
+                    history[m].append({"role": "assistant", "content": answer})
+                    return rec
+                yield thunk
+
+
+def count_generations(prompts_by_dataset: dict[str, list[Prompt]], methods: list[str], turns: int) -> int:
+    return sum(len(_turns(p, turns)) for ps in prompts_by_dataset.values() for p in ps) * len(methods)
+
+
+def warm_up(pipe: Pipeline, methods: list[str], s: BenchSettings) -> None:
+    """One short generation per method, untimed (allocations, lazy init, caches)."""
+    ids = pipe.encode(chat="Say hello.", chat_template_kwargs=s.chat_template_kwargs)
+    short = BenchSettings(**{**asdict(s), "max_new_tokens": min(16, s.max_new_tokens)})
+    for m in methods:
+        run_one(pipe, "warmup", "warmup", 1, ids, m, short, seed=0)
+
+
+def run_bench(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], s: BenchSettings,
+              progress: bool = True) -> tuple[list[str], list[Record]]:
+    trained = pipe.drafter.config.block_size if pipe.drafter is not None else None
+    methods = method_names(s, trained)
+    warm_up(pipe, methods, s)
+    records: list[Record] = []
+    total = count_generations(prompts_by_dataset, methods, s.turns)
+    with tqdm(total=total, desc="bench", unit="gen", dynamic_ncols=True, disable=not progress) as bar:
+        for dataset, prompts in prompts_by_dataset.items():
+            for thunk in _conversations(pipe, dataset, prompts, methods, s):
+                rec = thunk()
+                records.append(rec)
+                bar.set_postfix(dataset=dataset, method=rec.method, tok_s=f"{rec.new_tokens / rec.total_s:.1f}")
+                bar.update(1)
+    return methods, records

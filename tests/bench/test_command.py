@@ -1,0 +1,45 @@
+"""`blockdraft bench` end to end on a tiny saved pair: JSON (schema), Markdown and plots."""
+import json
+
+import torch
+
+from blockdraft.checkpoint import save_drafter
+from blockdraft.cli import main
+from blockdraft.target import TargetModel
+from tests.conftest import tiny_drafter
+
+
+def test_bench_writes_json_markdown_and_plots(tiny_target_dir, tmp_path, capsys):
+    target = TargetModel.from_pretrained(tiny_target_dir)
+    save_drafter(tiny_drafter(target, block_size=4).float(), tmp_path / "drafter")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("hello there", "count: 1 2 3")))
+    out = tmp_path / "out"
+    rc = main(["bench", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "drafter"),
+               "--dataset", str(prompts), "--max-new-tokens", "8", "--block-sizes", "2,4", "--out", str(out),
+               "--device", "cpu"])
+    assert rc == 0
+    result = json.loads((out / "bench.json").read_text())
+    assert result["schema"] == "blockdraft.bench/1"
+    assert set(result) >= {"environment", "config", "summaries", "records", "cost", "plots"}
+    env = result["environment"]
+    assert env["packages"]["torch"].split("+")[0] == torch.__version__.split("+")[0] and env["dtype"] == "float32"
+    assert set(env) >= {"device", "torch_threads", "cpu_count", "git_commit", "python"}
+    assert result["config"]["methods"] == ["dflash-b2", "dflash-b4", "no_draft", "hf_generate", "hf_prompt_lookup"]
+    overall = result["summaries"]["overall"]
+    assert overall["dflash-b4"]["identical_to_no_draft"] == 2 and overall["dflash-b4"]["compared"] == 2
+    for key in ("tokens_per_second", "ttft_ms_median", "tpot_ms", "speedup"):
+        assert key in overall["hf_generate"]
+    cost = result["cost"]
+    assert set(cost["verify_cost_s"]) == {"1", "2", "3", "4"} and cost["verify_cost_ratio"]["1"] == 1.0
+    assert set(cost["methods"]) == {"dflash-b2", "dflash-b4"}
+    assert len(result["records"]) == 2 * 5 and all((out / p).is_file() for p in result["plots"])
+    md = (out / "bench.md").read_text()
+    assert md.strip() in capsys.readouterr().out and "| p | dflash-b4 |" in md and "break-even" in md
+
+
+def test_bench_rejects_bad_arguments(tiny_target_dir, tmp_path, capsys):
+    assert main(["bench", "--target", str(tiny_target_dir), "--dataset", "nope", "--out", str(tmp_path)]) == 2
+    assert "dataset 'nope'" in capsys.readouterr().err
+    assert main(["bench", "--target", str(tiny_target_dir), "--max-new-tokens", "0", "--out", str(tmp_path)]) == 2
+    assert "max_new_tokens=0" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""The side-by-side runner and its report on a tiny random pair: seconds, every output produced."""
+import json
+
+import pytest
+import torch
+
+from blockdraft.api import Pipeline
+from blockdraft.bench.report import markdown, plots, summaries, summarize
+from blockdraft.bench.runner import BenchSettings, Record, method_names, run_bench
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.prompts import Prompt
+from blockdraft.target import TargetModel
+from tests.conftest import tiny_drafter, tiny_hf_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    tok = tiny_tokenizer()
+    model = tiny_hf_model("llama", vocab=len(tok), head_scale=4.0, seed=3)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    target = TargetModel(model, tok)
+    return Pipeline(target, tiny_drafter(target, block_size=6))
+
+
+PROMPTS = {"chat": [Prompt("a", ({"role": "user", "content": "Tell me about cats."},), "t",
+                           followups=("And dogs?",)),
+                    Prompt("b", ({"role": "user", "content": "abc abc abc"},), "t")]}
+
+
+def test_every_method_runs_every_turn_and_greedy_outputs_agree(pipe):
+    s = BenchSettings(max_new_tokens=10, block_sizes=(2, 6), methods=("dflash", "no_draft", "hf_generate",
+                                                                      "hf_prompt_lookup"))
+    methods, records = run_bench(pipe, PROMPTS, s, progress=False)
+    assert methods == ["dflash-b2", "dflash-b6", "no_draft", "hf_generate", "hf_prompt_lookup"]
+    assert len(records) == 3 * len(methods)  # prompt a has 2 turns, b has 1
+    assert [(r.prompt_id, r.turn) for r in records[:: len(methods)]] == [("a", 1), ("a", 2), ("b", 1)]
+    table = summaries(records, methods, greedy=True)
+    for m in methods:  # lossless: every method reproduces our plain greedy output, HF's included
+        assert table["overall"][m]["identical_to_no_draft"] == table["overall"][m]["compared"] == 3
+    b6 = table["overall"]["dflash-b6"]
+    assert 1 <= b6["mean_acceptance_length"] <= 6 and len(b6["acceptance_histogram"]) == 6
+    assert abs(sum(b6["acceptance_histogram"]) - 1) < 1e-9
+    assert table["overall"]["no_draft"]["speedup"]["no_draft"] == pytest.approx(1.0)
+    assert set(table) == {"chat", "overall"} and "mean_acceptance_length" not in table["overall"]["hf_generate"]
+    assert all(r.ttft_s <= r.total_s for r in records)
+
+
+def test_sampled_runs_are_reproducible(pipe):
+    s = BenchSettings(max_new_tokens=8, temperature=0.8, methods=("dflash", "no_draft"), turns=1)
+    _, first = run_bench(pipe, PROMPTS, s, progress=False)
+    _, again = run_bench(pipe, PROMPTS, s, progress=False)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+
+
+def test_method_names_are_validated():
+    with pytest.raises(InvalidArgumentError, match="block size 9: expected 2..6"):
+        method_names(BenchSettings(block_sizes=(9,)), 6)
+    with pytest.raises(InvalidArgumentError, match="method 'eagle'"):
+        method_names(BenchSettings(methods=("eagle",)), 6)
+    with pytest.raises(InvalidArgumentError, match="'dflash' needs a drafter"):
+        method_names(BenchSettings(), None)
+
+
+def _rec(prompt: str, turn: int, lengths: list[int], tokens: list[int], method: str = "dflash-b4") -> Record:
+    return Record("d", prompt, turn, method, 10, sum(lengths) + 1, 0.1, 1.0, block_size=4,
+                  acceptance_lengths=lengths, drafted=[3] * len(lengths), drafter_s=0.05, token_ids=tokens)
+
+
+def test_acceptance_is_averaged_per_prompt_over_its_turns_then_over_prompts():
+    recs = [_rec("p", 1, [4, 4], [1]), _rec("p", 2, [1, 1], [2]), _rec("q", 1, [2], [3])]
+    row = summarize(recs, reference={("d", "p", 1): [1], ("d", "p", 2): [9], ("d", "q", 1): [3]})
+    assert row["mean_acceptance_length"] == pytest.approx((2.5 + 2) / 2)  # prompt p: (4+4+1+1)/4
+    assert row["identical_to_no_draft"] == 2 and row["compared"] == 3
+    assert row["acceptance_histogram"] == pytest.approx([2 / 5, 1 / 5, 0, 2 / 5])
+    assert row["target_tokens_per_committed"] == pytest.approx(5 * 4 / 12)
+    assert row["drafter_s_per_cycle"] == pytest.approx(0.15 / 5)
+
+
+def test_markdown_and_plots_from_a_result(tmp_path):
+    recs = [_rec("p", 1, [4, 2], [1]), _rec("p", 1, [], [1], method="no_draft")]
+    recs[1].block_size = 1
+    result = {"summaries": summaries(recs, ["dflash-b4", "no_draft"], greedy=True),
+              "cost": {"context_tokens": 50, "verify_cost_ratio": {"1": 1.0, "4": 1.5},
+                       "methods": {"dflash-b4": {"verify_tokens": 4, "break_even_acceptance": 1.6,
+                                                 "predicted_speedup": 1.9, "measured_speedup": 1.0,
+                                                 "target_tokens_per_committed": 1.3, "drafter_share_of_decode": 0.1}}}}
+    md = markdown(result)
+    assert "| d | dflash-b4 | 3.00 |" in md and "| dflash-b4 | 4 | 1.60 | 3.00 | 1.90 | 1.00 |" in md
+    names = sorted(p.name for p in plots(result, tmp_path))
+    assert names == ["acceptance_histogram.png", "per_position_acceptance.png", "speedup.png", "verify_cost.png"]
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+    json.dumps(result)
