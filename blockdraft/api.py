@@ -122,12 +122,13 @@ class Pipeline:
                max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
                stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
-               chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
+               verify: str = "fixed", chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
         """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
         ids = self.encode(prompt, chat, messages, chat_template_kwargs)
         stops = tuple(self.stop_token_ids() if stop_token_ids is None else stop_token_ids)
         options = DecodeOptions(max_new_tokens=max_new_tokens, block_size=block_size, no_draft=no_draft,
-                                stop_token_ids=stops, sampling=SamplingParams(temperature, top_k, top_p, seed, draft))
+                                stop_token_ids=stops, sampling=SamplingParams(temperature, top_k, top_p, seed, draft),
+                                verify=verify)
         if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
             raise InvalidArgumentError(f"stop={stop!r}: expected a list of non-empty strings")
         self.engine.block_size(options)  # validate before the first token
@@ -137,7 +138,8 @@ class Pipeline:
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationOutput:
         """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
-        seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy")."""
+        seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"),
+        verify ("fixed": verify the whole block; "adaptive": the prefix that pays, see blockdraft.adaptive)."""
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass

@@ -31,6 +31,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", choices=("sample", "greedy"), default="sample",
                    help="with temperature > 0: sample drafts from the drafter or propose its argmax")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--verify", choices=("fixed", "adaptive"), default="fixed",
+                   help="verify every draft, or only the prefix worth its cost on this device (measured once)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
@@ -44,7 +46,8 @@ def run_generate(args: argparse.Namespace) -> int:
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype)
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft)
+                         block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft,
+                         verify=args.verify)
     for delta in stream:
         if not args.json:
             print(delta, end="", flush=True)

@@ -15,12 +15,17 @@ from typing import Iterator
 import torch
 
 from blockdraft.acceptance import greedy_verify, one_hot, speculative_verify
+from blockdraft.adaptive import AdaptiveVerify
+from blockdraft.costs import cached_cost_curve
 from blockdraft.drafter import DraftCache, Drafter
 from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
 from blockdraft.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
 from blockdraft.stats import GenerationStats, now
 from blockdraft.target import TargetModel
 
+
+
+VERIFY_MODES = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,11 @@ class DecodeOptions:
     no_draft: bool = False
     stop_token_ids: tuple[int, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    verify: str = "fixed"  # "fixed": verify every draft of the block; "adaptive": see blockdraft.adaptive
 
     def __post_init__(self) -> None:
+        if self.verify not in VERIFY_MODES:
+            raise InvalidArgumentError(f"verify={self.verify!r}: expected one of {VERIFY_MODES}")
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise InvalidArgumentError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
         if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):
@@ -55,9 +63,11 @@ def check_pair(target: TargetModel, drafter: Drafter) -> None:
 class SpeculativeEngine:
     """Runs a target (and optionally a drafter) over token ids. Text handling lives in `api`."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None = None) -> None:
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None,
+                 policy: AdaptiveVerify | None = None) -> None:
         self.target = target
         self.drafter = drafter
+        self.policy = policy  # learned across calls; built from the measured cost curve on first use
         if drafter is not None:
             check_pair(target, drafter)
             target.set_feature_layers(drafter.config.target_layer_ids)
@@ -94,16 +104,19 @@ class SpeculativeEngine:
         yield [token]
 
         draft_cache = DraftCache(self.drafter.config.num_hidden_layers) if speculative else None
+        policy = self.adaptive_policy(block) if speculative and options.verify == "adaptive" else None
         start, remaining = len(prompt_ids), options.max_new_tokens - 1
         while remaining > 0 and token not in stop and start < target.max_positions:
             t0 = now(device)
             n = min(block - 1, remaining - 1, target.max_positions - start - 1)
-            committed, feats = self._cycle(token, start, n, feats, draft_cache, cache, params, gen, stats)
+            if policy is not None and n > 0 and not policy.draft_now():
+                n = 0
+            committed, feats, n = self._cycle(token, start, n, feats, draft_cache, cache, params, gen, stats, policy)
             for i, t in enumerate(committed):
                 if t in stop:
                     committed = committed[: i + 1]
                     break
-            if n > 0:  # a cycle with nothing drafted (plain decoding, or the length limit) has no acceptance
+            if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
                 stats.acceptance_lengths.append(len(committed))
                 stats.drafted.append(n)
             start += len(committed)
@@ -113,20 +126,32 @@ class SpeculativeEngine:
             stats.decode_time += now(device) - t0
             yield committed
 
+    def adaptive_policy(self, block: int) -> AdaptiveVerify:
+        """The engine's adaptive verify policy, built on first use from the (cached) measured cost curve."""
+        if self.policy is None:
+            self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.drafter.config.block_size))
+        return self.policy
+
     def _cycle(self, token: int, start: int, n: int, pending: torch.Tensor | None, draft_cache: DraftCache | None,
-               cache: object, params: SamplingParams, gen: torch.Generator | None,
-               stats: GenerationStats) -> tuple[list[int], torch.Tensor | None]:
+               cache: object, params: SamplingParams, gen: torch.Generator | None, stats: GenerationStats,
+               policy: AdaptiveVerify | None = None) -> tuple[list[int], torch.Tensor | None, int]:
         """Draft n tokens after `token` (at position `start`), verify, commit. n = 0 is a plain step.
 
         `pending` holds target features (1, C, K*D) of committed tokens the draft cache has not seen yet
-        (None when not speculating). Returns the committed tokens and the new pending features.
+        (None when not speculating). With a policy, only the prefix it chooses of the n drafts is verified.
+        Returns the committed tokens, the new pending features and the number of drafts verified.
         """
         device = self.target.device
         drafts = torch.empty(0, dtype=torch.long, device=device)
-        q = None
+        q = confidence = None
         if n > 0:
-            drafts, q = self._draft(token, start, n, pending, draft_cache, params, gen, stats)
+            spent = stats.drafter_time
+            drafts, q, confidence = self._draft(token, start, n, pending, draft_cache, params, gen, stats)
+            spent = stats.drafter_time - spent
             pending = pending[:, :0]
+            if policy is not None:
+                n = policy.choose(confidence)
+                drafts, q = drafts[:n], None if q is None else q[:n]
         ids = torch.cat([torch.tensor([token], device=device), drafts])[None]
         logits, feats = self.target.forward(ids, cache, start, features=pending is not None)
         stats.target_forwards += 1
@@ -140,12 +165,15 @@ class SpeculativeEngine:
         self.target.rollback(cache, start + a + 1)
         if feats is not None:
             pending = torch.cat([pending, feats[:, : a + 1]], dim=1)
-        return drafts[:a].tolist() + [bonus], pending
+        if policy is not None and confidence is not None:
+            policy.update(confidence, n, a, spent)
+        return drafts[:a].tolist() + [bonus], pending, n
 
     def _draft(self, token: int, start: int, n: int, pending: torch.Tensor, draft_cache: DraftCache,
                params: SamplingParams, gen: torch.Generator | None,
-               stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One drafter forward over [token, MASK x n] -> n draft tokens (n,) and their distributions (n, V)."""
+               stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """One drafter forward over [token, MASK x n] -> n draft tokens (n,), their distributions (n, V)
+        (None at T = 0) and the drafter's confidence per slot (n,): its largest probability there."""
         t0 = now(self.target.device)
         drafter = self.drafter
         ids = torch.full((1, n + 1), drafter.config.mask_token_id, device=self.target.device)
@@ -160,9 +188,10 @@ class SpeculativeEngine:
         else:
             q = probabilities(logits, params)
             drafts = sample_index(q, uniforms(n, gen, q.device))
+        confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
         stats.drafter_forwards += 1
         stats.drafter_time += now(self.target.device) - t0
-        return drafts, q
+        return drafts, q, confidence
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
         """One token from one row of logits (V,): argmax, or a draw from the truncated distribution."""

@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--block-sizes", type=_ints, default=(), help="DFlash run-time block sizes (default: trained)")
+    p.add_argument("--verify", default="fixed", help="DFlash verify modes, comma-separated: fixed,adaptive")
     p.add_argument("--methods", default="dflash,no_draft,hf_generate,hf_prompt_lookup",
                    help="comma-separated subset of dflash,no_draft,hf_generate,hf_prompt_lookup")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
@@ -76,13 +77,13 @@ def _label(dataset: str) -> str:
 
 def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
     from blockdraft.api import Pipeline
-    from blockdraft.bench.costs import verify_cost_curve
+    from blockdraft.costs import verify_cost_curve
     from blockdraft.bench.report import cost_accounting, environment, plots, summaries
     from blockdraft.bench.runner import BenchSettings, run_bench
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                             block_sizes=tuple(args.block_sizes), methods=tuple(args.methods.split(",")),
+                             block_sizes=tuple(args.block_sizes), verify=tuple(args.verify.split(",")), methods=tuple(args.methods.split(",")),
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              chat_template_kwargs=kwargs)
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype)

@@ -61,6 +61,7 @@ def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = 
             "acceptance_histogram": pooled_histogram(lengths, block),
             "per_position_acceptance": pooled_per_position(lengths, drafted, block),
             "target_tokens_per_committed": target_tokens_per_committed(lengths, drafted),
+            "mean_verify_tokens": sum(d + 1 for ds in drafted for d in ds) / cycles if cycles else 0.0,
             "drafter_share_of_decode": sum(r.drafter_s for r in records) / decode_s if decode_s else 0.0,
             "drafter_s_per_cycle": sum(r.drafter_s for r in records) / cycles if cycles else 0.0,
         })
@@ -95,9 +96,9 @@ def cost_accounting(overall: dict[str, dict[str, Any]], curve: dict[int, float],
     """Break-even acceptance and predicted vs measured speed-up of each DFlash method (vs no_draft)."""
     rows: dict[str, Any] = {}
     for m, row in overall.items():
-        b = row.get("block_size", 1)
-        if b <= 1 or b not in curve or row.get("mean_acceptance_length") is None:
+        if row.get("block_size", 1) <= 1 or row.get("mean_acceptance_length") is None:
             continue
+        b = min(max(round(row["mean_verify_tokens"]), 1), max(curve))  # the adaptive length varies: its mean
         d = row["drafter_s_per_cycle"]
         rows[m] = {"verify_tokens": b, "break_even_acceptance": break_even_acceptance(curve, b, d),
                    "predicted_speedup": predicted_speedup(curve, b, d, row["mean_acceptance_length"]),

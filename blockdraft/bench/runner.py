@@ -2,6 +2,7 @@
 
 Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
+    dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.adaptive`)
     no_draft          plain autoregressive decoding through our engine (the same target forward)
     hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache)
     hf_prompt_lookup  Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`), a drafter-free peer
@@ -21,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from blockdraft.api import Pipeline
-from blockdraft.engine import DecodeOptions
+from blockdraft.engine import VERIFY_MODES, DecodeOptions
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
 from blockdraft.sampling import SamplingParams
@@ -38,6 +39,7 @@ class BenchSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     block_sizes: tuple[int, ...] = ()          # DFlash run-time block sizes; () = the trained size
+    verify: tuple[str, ...] = ("fixed",)       # DFlash verify modes: fixed and/or adaptive
     methods: tuple[str, ...] = ("dflash", "no_draft", "hf_generate", "hf_prompt_lookup")
     prompt_lookup_tokens: int = 10
     turns: int = 2                             # at most this many turns of multi-turn prompts
@@ -78,11 +80,14 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
             for b in settings.block_sizes or (trained_block_size,):
                 if not 2 <= b <= trained_block_size:
                     raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
-                names.append(f"dflash-b{b}")
+                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") for v in settings.verify]
         elif m in BASE_METHODS:
             names.append(m)
         else:
             raise InvalidArgumentError(f"method {m!r}: expected dflash, {', '.join(BASE_METHODS)}")
+    bad = [v for v in settings.verify if v not in VERIFY_MODES]
+    if bad:
+        raise InvalidArgumentError(f"verify mode {bad[0]!r}: expected one of {VERIFY_MODES}")
     return names
 
 
@@ -105,9 +110,10 @@ class _FirstTokenClock:
 def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
                 seed: int) -> tuple[list[int], GenerationStats, float]:
     no_draft = method == "no_draft"
-    block = None if no_draft else int(method.split("-b")[1])
+    block = None if no_draft else int(method.split("-")[1][1:])
     options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=no_draft,
-                            stop_token_ids=stops, sampling=SamplingParams(s.temperature, 0, s.top_p, seed))
+                            stop_token_ids=stops, sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
+                            verify="adaptive" if method.endswith("-adaptive") else "fixed")
     stats = GenerationStats(block_size=1)
     t0 = now(pipe.target.device)
     tokens = [t for chunk in pipe.engine.decode(ids, options, stats) for t in chunk]

@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 
+from blockdraft.adaptive import AdaptiveVerify
 from blockdraft.api import Pipeline
 from blockdraft.bench.report import markdown, plots, summaries, summarize
 from blockdraft.bench.runner import BenchSettings, Record, method_names, run_bench
@@ -28,10 +29,12 @@ PROMPTS = {"chat": [Prompt("a", ({"role": "user", "content": "Tell me about cats
 
 
 def test_every_method_runs_every_turn_and_greedy_outputs_agree(pipe):
-    s = BenchSettings(max_new_tokens=10, block_sizes=(2, 6), methods=("dflash", "no_draft", "hf_generate",
-                                                                      "hf_prompt_lookup"))
+    s = BenchSettings(max_new_tokens=10, block_sizes=(2, 6), verify=("fixed", "adaptive"),
+                      methods=("dflash", "no_draft", "hf_generate", "hf_prompt_lookup"))
+    pipe.engine.policy = AdaptiveVerify({q: 1.0 + 0.2 * q for q in range(1, 7)})
     methods, records = run_bench(pipe, PROMPTS, s, progress=False)
-    assert methods == ["dflash-b2", "dflash-b6", "no_draft", "hf_generate", "hf_prompt_lookup"]
+    assert methods == ["dflash-b2", "dflash-b2-adaptive", "dflash-b6", "dflash-b6-adaptive", "no_draft",
+                       "hf_generate", "hf_prompt_lookup"]
     assert len(records) == 3 * len(methods)  # prompt a has 2 turns, b has 1
     assert [(r.prompt_id, r.turn) for r in records[:: len(methods)]] == [("a", 1), ("a", 2), ("b", 1)]
     table = summaries(records, methods, greedy=True)
@@ -57,6 +60,8 @@ def test_method_names_are_validated():
         method_names(BenchSettings(block_sizes=(9,)), 6)
     with pytest.raises(InvalidArgumentError, match="method 'eagle'"):
         method_names(BenchSettings(methods=("eagle",)), 6)
+    with pytest.raises(InvalidArgumentError, match="verify mode 'always'"):
+        method_names(BenchSettings(verify=("always",)), 6)
     with pytest.raises(InvalidArgumentError, match="'dflash' needs a drafter"):
         method_names(BenchSettings(), None)
 

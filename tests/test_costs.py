@@ -1,4 +1,4 @@
-from blockdraft.bench.costs import verify_cost_curve
+from blockdraft.costs import verify_cost_curve
 from blockdraft.fast_target import FastTarget
 from blockdraft.target import TargetModel
 from tests.conftest import tiny_hf_model

@@ -1,0 +1,117 @@
+"""Adaptive verify length: the policy's choices, and that it never changes what is generated."""
+import numpy as np
+import pytest
+import torch
+
+from blockdraft.adaptive import AdaptiveVerify
+from blockdraft.engine import SpeculativeEngine
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.sampling import SamplingParams
+from blockdraft.target import TargetModel
+from tests.conftest import tiny_drafter, tiny_hf_model
+from tests.test_engine import (PROMPT, chi_square_pvalue, decode, exact_joint, hf_greedy, prompts,
+                               sample_counts, VOCAB)
+
+STEEP = {1: 1.0, 2: 1.2, 3: 1.5, 4: 2.0, 5: 2.6, 6: 3.3, 7: 4.0, 8: 5.0}  # seconds of a q-token verify
+
+
+def test_verifies_more_drafts_when_they_are_likely_accepted():
+    mild = {q: 1.0 + 0.1 * (q - 1) for q in range(1, 9)}
+    for cost in (mild, STEEP):
+        policy = AdaptiveVerify(cost)
+        policy.accepted[:] = torch.linspace(0.05, 0.98, 10) * 100  # confident slots are accepted more
+        policy.tested[:] = 100
+        assert policy.choose(torch.full((7,), 0.01)) == 0
+        assert 0 < policy.choose(torch.tensor([0.99, 0.99, 0.99, 0.2, 0.2, 0.2, 0.2])) <= 3
+    policy = AdaptiveVerify(mild)
+    policy.accepted[:], policy.tested[:] = 98, 100
+    assert policy.choose(torch.full((7,), 0.99)) == 7
+    policy = AdaptiveVerify(STEEP)
+    policy.accepted[:], policy.tested[:] = 98, 100
+    assert policy.choose(torch.full((7,), 0.99)) == 2  # 16 tokens cost 5x one: long verifies do not pay
+    flat = AdaptiveVerify({q: 1.0 for q in range(1, 9)})  # a GPU: verifying more is free, so verify all
+    assert flat.choose(torch.full((7,), 0.3)) == 7
+
+
+def test_stops_drafting_when_it_does_not_pay_and_probes_now_and_then():
+    policy = AdaptiveVerify(STEEP, probe_every=4)
+    assert policy.draft_now()  # nothing known yet
+    for _ in range(30):
+        policy.update(torch.full((7,), 0.5), verified=3, accepted=0, drafter_s=0.5)
+    decisions = [policy.draft_now() for _ in range(12)]
+    assert decisions == [False, False, False, True] * 3
+    for _ in range(40):
+        policy.update(torch.full((7,), 0.9), verified=7, accepted=7, drafter_s=0.1)
+    assert all(policy.draft_now() for _ in range(5))
+
+
+def test_calibration_counts_only_tested_drafts():
+    policy = AdaptiveVerify(STEEP)
+    conf = torch.tensor([0.05, 0.15, 0.25, 0.35])
+    policy.update(conf, verified=4, accepted=1, drafter_s=0.0)  # draft 1 accepted, 2 rejected, 3-4 untested
+    assert policy.tested[:4].tolist() == [3, 3, 2, 2] and policy.accepted[:4].tolist() == [2, 1, 1, 1]
+
+
+def test_bad_cost_curve_is_refused():
+    with pytest.raises(InvalidArgumentError, match="expected positive seconds"):
+        AdaptiveVerify({1: 0.0, 2: 1.0})
+
+
+@pytest.mark.parametrize("cost", [STEEP, {q: 1.0 + 0.01 * q for q in range(1, 9)}])
+def test_adaptive_greedy_output_equals_fixed_and_plain(arch, cost):
+    model = tiny_hf_model(arch, head_scale=3.0)
+    target = TargetModel(model)
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8), policy=AdaptiveVerify(cost))
+    verified = []
+    for prompt in prompts(4, seed=11):
+        ref = hf_greedy(model, prompt, 30)
+        fixed, _ = decode(engine, prompt, max_new_tokens=30)
+        adaptive, stats = decode(engine, prompt, max_new_tokens=30, verify="adaptive")
+        assert fixed == adaptive == ref
+        verified += stats.drafted
+    assert len(set(verified)) > 1 or cost is STEEP  # the policy really varies the verify length
+
+
+def _adaptive_sampling_engine(seed_bias: bool = False):
+    model = tiny_hf_model("qwen3", vocab=VOCAB, layers=2, head_scale=12.0, seed=5)
+    target = TargetModel(model)
+    policy = AdaptiveVerify({1: 1.0, 2: 1.3, 3: 1.6, 4: 2.0})
+    policy.accepted[:] = torch.linspace(0.1, 0.9, 10) * 50  # so the choice depends on the confidence
+    policy.tested[:] = 50
+    engine = SpeculativeEngine(target, tiny_drafter(target, std=0.5, seed=3, block_size=4), policy=policy)
+    return engine, exact_joint(model)
+
+
+def test_adaptive_speculative_sampling_has_the_targets_distribution(monkeypatch):
+    engine, joint = _adaptive_sampling_engine()
+    chosen = []
+    choose = engine.policy.choose
+    monkeypatch.setattr(engine.policy, "choose", lambda c: chosen.append(choose(c)) or chosen[-1])
+    monkeypatch.setattr(engine.policy, "update", lambda *a, **k: None)  # keep the planted calibration
+    counts = _counts(engine)
+    assert len(set(chosen)) >= 2, "the test must exercise several verify lengths"
+    assert chi_square_pvalue(counts, joint) > 1e-3
+
+
+def test_choosing_the_length_from_the_drawn_tokens_would_be_detected(monkeypatch):
+    """Why the policy only sees the drafter's distributions: verifying a draft only when the DRAWN token
+    is a particular one biases the output, and the statistical test catches it."""
+    engine, joint = _adaptive_sampling_engine()
+    real_draft = SpeculativeEngine._draft
+
+    def token_dependent(self, *args, **kw):
+        drafts, q, _ = real_draft(self, *args, **kw)
+        return drafts, q, (drafts == drafts.new_tensor(int(np.argmax(joint.sum((1, 2)))))).float()
+
+    monkeypatch.setattr(SpeculativeEngine, "_draft", token_dependent)
+    monkeypatch.setattr(engine.policy, "update", lambda *a, **k: None)
+    assert chi_square_pvalue(_counts(engine), joint) < 1e-3
+
+
+def _counts(engine) -> np.ndarray:
+    counts = np.zeros((VOCAB,) * 3)
+    for seed in range(3000):
+        out, _ = decode(engine, PROMPT, max_new_tokens=3, block_size=4, verify="adaptive",
+                        sampling=SamplingParams(temperature=1.0, seed=seed))
+        counts[tuple(out)] += 1
+    return counts
