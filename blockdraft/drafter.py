@@ -130,8 +130,11 @@ class Attention(nn.Module):
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
         """Keys (k-norm, RoPE) and values of tokens x (b, T, D) -> (b, Hkv, T, d) each."""
-        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv)), cos, sin)
-        return k, self._heads(self.v_proj(x), self.n_kv)
+        return self.finish_kv(self.k_proj(x), self.v_proj(x), cos, sin)
+
+    def finish_kv(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Projected keys and values (b, T, Hkv*d) -> heads, with k-norm and RoPE on the keys."""
+        return apply_rope(self.k_norm(self._heads(k, self.n_kv)), cos, sin), self._heads(v, self.n_kv)
 
     def forward(self, x: torch.Tensor, ctx: KV, cos: torch.Tensor, sin: torch.Tensor, mask: Mask) -> torch.Tensor:
         """Block x (b, Q, D) attends to [ctx ; block] keys; returns (b, Q, D)."""
@@ -247,10 +250,30 @@ class Drafter(nn.Module):
         return self.fc.weight.dtype
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[KV]:
-        """Target features (b, C, K*D) at positions (b, C) -> every layer's context K/V."""
+        """Target features (b, C, K*D) at positions (b, C) -> every layer's context K/V.
+
+        One matmul projects the context into all layers' keys and values at once (the layers' k/v
+        weights stacked); each committed token goes through it once.
+        """
         ctx = self.hidden_norm(self.fc(features.to(self.dtype)))
         cos, sin = self.rotary(positions, ctx.dtype)
-        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+        parts = F.linear(ctx, *self._stacked_kv()).split(self.config.num_key_value_heads * self.config.head_dim, -1)
+        return [layer.self_attn.finish_kv(parts[2 * i], parts[2 * i + 1], cos, sin)
+                for i, layer in enumerate(self.layers)]
+
+    def _stacked_kv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer's k_proj and v_proj stacked: weight (2 L Hkv d, D), bias or None. Rebuilt whenever a
+        weight changed (training, loading), cached otherwise."""
+        projs = [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+        params = [t for p in projs for t in (p.weight, p.bias) if t is not None]
+        key = tuple((t.data_ptr(), t._version) for t in params)
+        if torch.is_grad_enabled() or getattr(self, "_stacked_key", None) != key:
+            weight = torch.cat([p.weight for p in projs])
+            bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
+            if torch.is_grad_enabled():
+                return weight, bias
+            self._stacked, self._stacked_key = (weight, bias), key
+        return self._stacked
 
     def forward(self, block: torch.Tensor, positions: torch.Tensor, ctx: list[KV],
                 ctx_positions: torch.Tensor, mask_fn: MaskFn | None = None) -> torch.Tensor:

@@ -122,3 +122,21 @@ def test_bf16_target_with_fp32_drafter():
     out = [t for c in SpeculativeEngine(target, drafter).decode([1, 2, 3], DecodeOptions(max_new_tokens=12), stats)
            for t in c]
     assert len(out) == 12 and stats.drafter_forwards > 0
+
+
+def test_fused_context_projection_equals_each_layers_own_and_follows_weight_updates():
+    target = TargetModel(tiny_hf_model("qwen3"))
+    drafter = tiny_drafter(target, layers=3)
+    feats = torch.randn(1, 5, drafter.config.hidden_size * len(drafter.config.target_layer_ids), dtype=drafter.dtype)
+    pos = torch.arange(5)[None]
+
+    def per_layer():
+        ctx = drafter.hidden_norm(drafter.fc(feats))
+        cos, sin = drafter.rotary(pos, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in drafter.layers]
+
+    with torch.no_grad():
+        for _ in range(2):  # the second call uses the cached stacked weight
+            for (k, v), (k0, v0) in zip(drafter.context_kv(feats, pos), per_layer()):
+                assert torch.allclose(k, k0) and torch.allclose(v, v0)
+            drafter.layers[1].self_attn.v_proj.weight.mul_(2.0)  # an in-place update invalidates the cache
