@@ -28,6 +28,36 @@ from blockdraft.target import TargetModel
 VERIFY_MODES = ("fixed", "adaptive")
 
 
+@dataclass
+class DecodeState:
+    """The decoding state of one request."""
+
+    prompt: list[int]
+    options: "DecodeOptions"
+    stats: GenerationStats
+    block: int                              # run-time block size (1: plain decoding)
+    gen: torch.Generator | None
+    draft_cache: DraftCache | None
+    policy: AdaptiveVerify | None
+    token: int = -1                         # last committed token (not yet in the target cache)
+    start: int = 0                          # its position = tokens in the target cache
+    remaining: int = 0
+    pending: torch.Tensor | None = None     # (1, C, K*D) features the draft cache has not seen yet
+    done: bool = False
+
+    @property
+    def speculative(self) -> bool:
+        return self.block > 1
+
+
+@dataclass
+class Proposal:
+    drafts: torch.Tensor                    # (n,) drafts to verify
+    q: torch.Tensor | None                  # (n, V) their distributions (None at T = 0)
+    confidence: torch.Tensor | None         # (N,) drafter confidence of every drafted slot
+    drafter_s: float
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     max_new_tokens: int = 256
@@ -84,90 +114,107 @@ class SpeculativeEngine:
     @torch.inference_mode()
     def decode(self, prompt_ids: list[int], options: DecodeOptions, stats: GenerationStats) -> Iterator[list[int]]:
         """Yield the tokens committed by each step (prefill first). Stops at a stop token or the limit."""
-        target, device = self.target, self.target.device
-        self._check_prompt(prompt_ids)
-        block = self.block_size(options)
-        speculative = block > 1
-        params = options.sampling
-        gen = None if params.greedy else new_generator(params.seed, device)
-        stop = set(options.stop_token_ids)
-        stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
-
-        t0 = now(device)
-        cache = target.new_cache()
-        logits, feats = target.forward(torch.tensor([prompt_ids], device=device), cache, 0,
-                                       features=speculative, last_only=True)
-        token = self._choose(logits[0, -1], params, gen)
-        stats.target_forwards += 1
-        stats.prefill_time = now(device) - t0
-        stats.new_tokens = 1
-        yield [token]
-
-        draft_cache = DraftCache(self.drafter.config.num_hidden_layers) if speculative else None
-        policy = self.adaptive_policy(block) if speculative and options.verify == "adaptive" else None
-        start, remaining = len(prompt_ids), options.max_new_tokens - 1
-        while remaining > 0 and token not in stop and start < target.max_positions:
-            t0 = now(device)
-            n = min(block - 1, remaining - 1, target.max_positions - start - 1)
-            if policy is not None and n > 0 and not policy.draft_now():
-                n = 0
-            committed, feats, n = self._cycle(token, start, n, feats, draft_cache, cache, params, gen, stats, policy)
-            for i, t in enumerate(committed):
-                if t in stop:
-                    committed = committed[: i + 1]
-                    break
-            if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
-                stats.acceptance_lengths.append(len(committed))
-                stats.drafted.append(n)
-            start += len(committed)
-            remaining -= len(committed)
-            token = committed[-1]
-            stats.new_tokens += len(committed)
-            stats.decode_time += now(device) - t0
+        seq = self.begin(prompt_ids, options, stats)
+        cache = self.target.new_cache()
+        yield self.prefill(seq, cache)
+        while not seq.done:
+            t0 = now(self.target.device)
+            prop = self.propose(seq)
+            ids = torch.cat([torch.tensor([seq.token], device=self.target.device), prop.drafts])[None]
+            logits, feats = self.target.forward(ids, cache, seq.start, features=seq.speculative)
+            committed = self.settle(seq, prop, logits[0], None if feats is None else feats[0])
+            self.target.rollback(cache, seq.start)
+            seq.stats.decode_time += now(self.target.device) - t0
             yield committed
 
-    def adaptive_policy(self, block: int) -> AdaptiveVerify:
+    # ------------------------------------------------------------------ the steps (shared with batch_engine)
+    def begin(self, prompt_ids: list[int], options: DecodeOptions, stats: GenerationStats) -> DecodeState:
+        """Validate a request and set up its decoding state."""
+        self._check_prompt(prompt_ids)
+        block = self.block_size(options)
+        params = options.sampling
+        speculative = block > 1
+        stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
+        return DecodeState(
+            prompt=list(prompt_ids), options=options, stats=stats, block=block,
+            gen=None if params.greedy else new_generator(params.seed, self.target.device),
+            draft_cache=DraftCache(self.drafter.config.num_hidden_layers) if speculative else None,
+            policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None)
+
+    def prefill(self, seq: DecodeState, cache: object, row: int | None = None) -> list[int]:
+        """Run the prompt (into cache row `row` on the fast path); returns [first token]."""
+        t0 = now(self.target.device)
+        ids = torch.tensor([seq.prompt], device=self.target.device)
+        kw = {} if row is None else {"rows": [row]}
+        logits, seq.pending = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
+        seq.token = self._choose(logits[0, -1], seq.options.sampling, seq.gen)
+        seq.start, seq.remaining = len(seq.prompt), seq.options.max_new_tokens - 1
+        seq.stats.target_forwards += 1
+        seq.stats.prefill_time = now(self.target.device) - t0
+        seq.stats.new_tokens = 1
+        seq.done = not self._continues(seq)
+        return [seq.token]
+
+    def propose(self, seq: DecodeState) -> Proposal:
+        """Draft after the last committed token; with an adaptive policy keep only the prefix that pays."""
+        n = min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
+        if seq.policy is not None and n > 0 and not seq.policy.draft_now():
+            n = 0
+        if n <= 0:
+            return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
+        spent = seq.stats.drafter_time
+        drafts, q, confidence = self._draft(seq.token, seq.start, n, seq.pending, seq.draft_cache,
+                                            seq.options.sampling, seq.gen, seq.stats)
+        seq.pending = seq.pending[:, :0]
+        prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent)
+        if seq.policy is not None:
+            keep = seq.policy.choose(confidence)
+            prop.drafts, prop.q = drafts[:keep], None if q is None else q[:keep]
+        return prop
+
+    def settle(self, seq: DecodeState, prop: Proposal, logits: torch.Tensor, feats: torch.Tensor | None) -> list[int]:
+        """Verify `prop` against the target's logits (>= n+1, V) of [token, drafts]; commit; update state.
+
+        The caller rolls the target cache back to `seq.start` (the committed length) afterwards.
+        """
+        n, params = prop.drafts.numel(), seq.options.sampling
+        seq.stats.target_forwards += 1
+        if params.greedy:
+            a, bonus = greedy_verify(prop.drafts, logits[: n + 1])
+        else:
+            p = probabilities(logits[: n + 1], params)
+            u = uniforms(n + 1, seq.gen, p.device)
+            q = prop.q if prop.q is not None else p.new_zeros(0, p.shape[-1])
+            a, bonus = speculative_verify(prop.drafts, q, p, u[:n], u[n])
+        if feats is not None:
+            seq.pending = torch.cat([seq.pending, feats[None, : a + 1]], dim=1)
+        if seq.policy is not None and prop.confidence is not None:
+            seq.policy.update(prop.confidence, n, a, prop.drafter_s)
+        committed = prop.drafts[:a].tolist() + [bonus]
+        stop = seq.options.stop_token_ids
+        for i, t in enumerate(committed):
+            if t in stop:
+                committed = committed[: i + 1]
+                break
+        if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
+            seq.stats.acceptance_lengths.append(len(committed))
+            seq.stats.drafted.append(n)
+        seq.start += len(committed)
+        seq.remaining -= len(committed)
+        seq.token = committed[-1]
+        seq.stats.new_tokens += len(committed)
+        seq.done = not self._continues(seq)
+        return committed
+
+    def _continues(self, seq: DecodeState) -> bool:
+        return (seq.remaining > 0 and seq.token not in seq.options.stop_token_ids
+                and seq.start < self.target.max_positions)
+
+    def adaptive_policy(self) -> AdaptiveVerify:
         """The engine's adaptive verify policy, built on first use from the (cached) measured cost curve."""
         if self.policy is None:
             self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.drafter.config.block_size))
         return self.policy
-
-    def _cycle(self, token: int, start: int, n: int, pending: torch.Tensor | None, draft_cache: DraftCache | None,
-               cache: object, params: SamplingParams, gen: torch.Generator | None, stats: GenerationStats,
-               policy: AdaptiveVerify | None = None) -> tuple[list[int], torch.Tensor | None, int]:
-        """Draft n tokens after `token` (at position `start`), verify, commit. n = 0 is a plain step.
-
-        `pending` holds target features (1, C, K*D) of committed tokens the draft cache has not seen yet
-        (None when not speculating). With a policy, only the prefix it chooses of the n drafts is verified.
-        Returns the committed tokens, the new pending features and the number of drafts verified.
-        """
-        device = self.target.device
-        drafts = torch.empty(0, dtype=torch.long, device=device)
-        q = confidence = None
-        if n > 0:
-            spent = stats.drafter_time
-            drafts, q, confidence = self._draft(token, start, n, pending, draft_cache, params, gen, stats)
-            spent = stats.drafter_time - spent
-            pending = pending[:, :0]
-            if policy is not None:
-                n = policy.choose(confidence)
-                drafts, q = drafts[:n], None if q is None else q[:n]
-        ids = torch.cat([torch.tensor([token], device=device), drafts])[None]
-        logits, feats = self.target.forward(ids, cache, start, features=pending is not None)
-        stats.target_forwards += 1
-        if params.greedy:
-            a, bonus = greedy_verify(drafts, logits[0])
-        else:
-            p = probabilities(logits[0], params)
-            u = uniforms(n + 1, gen, device)
-            q = q if q is not None else p.new_zeros(0, p.shape[-1])
-            a, bonus = speculative_verify(drafts, q, p, u[:n], u[n])
-        self.target.rollback(cache, start + a + 1)
-        if feats is not None:
-            pending = torch.cat([pending, feats[:, : a + 1]], dim=1)
-        if policy is not None and confidence is not None:
-            policy.update(confidence, n, a, spent)
-        return drafts[:a].tolist() + [bonus], pending, n
 
     def _draft(self, token: int, start: int, n: int, pending: torch.Tensor, draft_cache: DraftCache,
                params: SamplingParams, gen: torch.Generator | None,
