@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from blockdraft.batch_engine import BatchEngine
 from blockdraft.checkpoint import load_drafter
 from blockdraft.config import DrafterConfig
 from blockdraft.drafter import Drafter
@@ -145,6 +146,31 @@ class Pipeline:
             pass
         assert stream.output is not None
         return stream.output
+
+    def generate_batch(self, prompts: Sequence[str | Messages], *, chat: bool = True, rows: int = 8,
+                       max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
+                       top_p: float = 1.0, seed: int | None = None, block_size: int | None = None,
+                       no_draft: bool = False, draft: str = "sample", verify: str = "fixed",
+                       chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
+        """Generate for many prompts at once (`rows` decode together, continuous batching); results in input
+        order. Each item is a user message (chat=True), raw text (chat=False) or a list of messages.
+        Request i samples with seed `seed + i` when a seed is given. Outputs equal `generate` per prompt."""
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(limits) != len(prompts):
+            raise InvalidArgumentError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts: expected one each")
+        ids = [self.encode(messages=p, chat_template_kwargs=chat_template_kwargs) if not isinstance(p, str)
+               else self.encode(chat=p, chat_template_kwargs=chat_template_kwargs) if chat else self.encode(p)
+               for p in prompts]
+        stops = self.stop_token_ids()
+        options = [DecodeOptions(max_new_tokens=m, block_size=block_size, no_draft=no_draft, stop_token_ids=stops,
+                                 sampling=SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i,
+                                                         draft), verify=verify)
+                   for i, m in enumerate(limits)]
+        results: list[GenerationOutput | None] = [None] * len(prompts)
+        for i, tokens, stats in BatchEngine(self.engine, rows).run(ids, options):
+            finish = "stop" if tokens and tokens[-1] in stops else "length"
+            results[i] = GenerationOutput(self.tokenizer.decode(tokens, skip_special_tokens=True), tokens, stats, finish)
+        return results
 
     def _deltas(self, prompt_ids: list[int], options: DecodeOptions, stop: tuple[str, ...],
                 stream: TextStream) -> Iterator[str]:

@@ -78,3 +78,17 @@ def test_load_from_folders(tiny_target_dir, tmp_path):
     pair = Pipeline.load(str(tiny_target_dir), tmp_path / "d", device="cpu")
     assert not pair.untrained_drafter and pair.drafter.dtype == torch.float32
     assert pair.generate("hey", max_new_tokens=12).text == random_pair.generate("hey", max_new_tokens=12).text
+
+
+def test_generate_batch_equals_generate_per_prompt(tiny_target_dir):
+    pipe = Pipeline.load(str(tiny_target_dir), device="cpu")
+    chats = ["hi", "tell me a story", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                       {"role": "user", "content": "c"}]]
+    outs = pipe.generate_batch(chats, rows=2, max_new_tokens=[5, 12, 9], block_size=4)
+    solo = [pipe.generate(chat=chats[0], max_new_tokens=5, block_size=4),
+            pipe.generate(chat=chats[1], max_new_tokens=12, block_size=4),
+            pipe.generate(messages=chats[2], max_new_tokens=9, block_size=4)]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in solo]
+    assert [o.text for o in outs] == [o.text for o in solo]
+    with pytest.raises(InvalidArgumentError, match="2 max_new_tokens for 3 prompts"):
+        pipe.generate_batch(chats, max_new_tokens=[1, 2])

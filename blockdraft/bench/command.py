@@ -40,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--thinking", choices=("on", "off", "default"), default="default",
                    help="chat templates with an enable_thinking flag get it (recorded in the JSON)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="also decode all first turns together, this many rows at a time (0: skip)")
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and the plots")
@@ -79,7 +81,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     from blockdraft.api import Pipeline
     from blockdraft.costs import verify_cost_curve
     from blockdraft.bench.report import cost_accounting, environment, plots, summaries
-    from blockdraft.bench.runner import BenchSettings, run_bench
+    from blockdraft.bench.runner import BenchSettings, run_batched, run_bench
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -96,6 +98,8 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         "summaries": summaries(records, methods, greedy=args.temperature == 0),
         "records": [r.to_dict() for r in records],
     }
+    if args.batch:
+        result["batch"] = run_batched(pipe, prompts, methods, settings, args.batch)
     blocks = [r.block_size for r in records if r.block_size > 1]
     if blocks and not args.no_cost:
         context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in records))

@@ -149,6 +149,16 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {dataset} | {m} | {_f(row.get('mean_acceptance_length'))} | "
                          f"{row['tokens_per_second']:.1f} | {row['ttft_ms_median']:.0f} | {row['tpot_ms']:.1f} | "
                          f"{_f(row['speedup'].get('no_draft'))} | {_f(row['speedup'].get('hf_generate'))} | {same} |")
+    batch = result.get("batch")
+    if batch:
+        base = batch.get("no_draft", {}).get("tokens_per_second")
+        rows = next(iter(batch.values()))["rows"]
+        lines += ["", f"Batched ({rows} rows, first turns, continuous batching):", "",
+                  "| method | total tok/s | x no_draft | tau | identical |", "|---|---|---|---|---|"]
+        for m, b in batch.items():
+            same = f"{b['identical_to_no_draft']}/{b['requests']}" if "identical_to_no_draft" in b else "-"
+            lines.append(f"| {m} | {b['tokens_per_second']:.1f} | {_f(speedup(b['tokens_per_second'], base) if base else None)} "
+                         f"| {_f(b['mean_acceptance_length'])} | {same} |")
     cost = result.get("cost")
     if cost and cost["methods"]:
         ratio = cost["verify_cost_ratio"]

@@ -22,6 +22,8 @@ import torch
 from tqdm import tqdm
 
 from blockdraft.api import Pipeline
+from blockdraft.batch_engine import BatchEngine
+from blockdraft.bench.metrics import mean_acceptance_length
 from blockdraft.engine import VERIFY_MODES, DecodeOptions
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
@@ -109,11 +111,7 @@ class _FirstTokenClock:
 
 def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
                 seed: int) -> tuple[list[int], GenerationStats, float]:
-    no_draft = method == "no_draft"
-    block = None if no_draft else int(method.split("-")[1][1:])
-    options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=no_draft,
-                            stop_token_ids=stops, sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
-                            verify="adaptive" if method.endswith("-adaptive") else "fixed")
+    options = _options(method, s, stops, seed)
     stats = GenerationStats(block_size=1)
     t0 = now(pipe.target.device)
     tokens = [t for chunk in pipe.engine.decode(ids, options, stats) for t in chunk]
@@ -139,6 +137,14 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
         out = pipe.target.model.generate(x, attention_mask=torch.ones_like(x), streamer=clock, **kwargs)
     total = now(device) - t0
     return out[0, len(ids):].tolist(), (clock.first or t0 + total) - t0, total
+
+
+def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -> DecodeOptions:
+    no_draft = method == "no_draft"
+    return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=None if no_draft else int(method.split("-")[1][1:]),
+                         no_draft=no_draft, stop_token_ids=stops,
+                         sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
+                         verify="adaptive" if method.endswith("-adaptive") else "fixed")
 
 
 def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[int], method: str,
@@ -202,3 +208,29 @@ def run_bench(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], s: Be
                 bar.set_postfix(dataset=dataset, method=rec.method, tok_s=f"{rec.new_tokens / rec.total_s:.1f}")
                 bar.update(1)
     return methods, records
+
+
+def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], methods: list[str], s: BenchSettings,
+                rows: int) -> dict[str, dict[str, Any]]:
+    """First turns of all prompts through the batched engine, `rows` at a time, per engine method:
+    total new tokens / wall time, and greedy agreement with the batched plain decoding."""
+    engine_methods = [m for m in methods if not m.startswith("hf_")]
+    ids = [pipe.encode(messages=p.messages, chat_template_kwargs=s.chat_template_kwargs)
+           for ps in prompts_by_dataset.values() for p in ps]
+    out: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    for m in tqdm(engine_methods, desc=f"batch {rows}", unit="method", dynamic_ncols=True):
+        options = [_options(m, s, pipe.stop_token_ids(), s.seed * 100_003 + i) for i in range(len(ids))]
+        t0 = now(pipe.target.device)
+        results = {i: (tokens, st) for i, tokens, st in BatchEngine(pipe.engine, rows).run(ids, options)}
+        seconds = now(pipe.target.device) - t0
+        outputs[m] = [results[i][0] for i in range(len(ids))]
+        tokens = sum(len(t) for t in outputs[m])
+        lengths = [results[i][1].acceptance_lengths for i in range(len(ids))]
+        out[m] = {"rows": rows, "requests": len(ids), "new_tokens": tokens, "seconds": seconds,
+                  "tokens_per_second": tokens / seconds if seconds else 0.0,
+                  "mean_acceptance_length": mean_acceptance_length(lengths)}
+    if s.temperature == 0 and "no_draft" in outputs:
+        for m, toks in outputs.items():
+            out[m]["identical_to_no_draft"] = sum(a == b for a, b in zip(toks, outputs["no_draft"]))
+    return out

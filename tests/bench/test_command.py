@@ -16,7 +16,7 @@ def test_bench_writes_json_markdown_and_plots(tiny_target_dir, tmp_path, capsys)
     prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("hello there", "count: 1 2 3")))
     out = tmp_path / "out"
     rc = main(["bench", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "drafter"),
-               "--dataset", str(prompts), "--max-new-tokens", "8", "--block-sizes", "2,4", "--out", str(out),
+               "--dataset", str(prompts), "--max-new-tokens", "8", "--block-sizes", "2,4", "--batch", "2", "--out", str(out),
                "--device", "cpu"])
     assert rc == 0
     result = json.loads((out / "bench.json").read_text())
@@ -34,8 +34,10 @@ def test_bench_writes_json_markdown_and_plots(tiny_target_dir, tmp_path, capsys)
     assert set(cost["verify_cost_s"]) == {"1", "2", "3", "4"} and cost["verify_cost_ratio"]["1"] == 1.0
     assert set(cost["methods"]) == {"dflash-b2", "dflash-b4"}
     assert len(result["records"]) == 2 * 5 and all((out / p).is_file() for p in result["plots"])
+    batch = result["batch"]
+    assert set(batch) == {"dflash-b2", "dflash-b4", "no_draft"} and batch["dflash-b4"]["identical_to_no_draft"] == 2
     md = (out / "bench.md").read_text()
-    assert md.strip() in capsys.readouterr().out and "| p | dflash-b4 |" in md and "break-even" in md
+    assert md.strip() in capsys.readouterr().out and "| p | dflash-b4 |" in md and "break-even" in md and "Batched (2 rows" in md
 
 
 def test_bench_rejects_bad_arguments(tiny_target_dir, tmp_path, capsys):
