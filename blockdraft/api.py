@@ -21,7 +21,7 @@ from blockdraft.config import DrafterConfig
 from blockdraft.drafter import Drafter
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.registry import DEFAULT_TARGET, load_target, mask_token_for
+from blockdraft.registry import DEFAULT_TARGET, load_target, mask_token_for, shipped_drafter
 from blockdraft.sampling import SamplingParams
 from blockdraft.stats import GenerationStats
 from blockdraft.target import TargetModel
@@ -76,12 +76,15 @@ class Pipeline:
         """Load a target by id or folder and a drafter folder.
 
         Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
-        Without `drafter`, a freshly initialised drafter is built for the target (it drafts nothing useful:
-        acceptance length ~1, output still exactly the target's); this is logged as a warning.
+        Without `drafter`, the drafter shipped for the target id is used (`blockdraft/models/`); when there
+        is none, or with drafter="untrained", a freshly initialised drafter is built for the target (it drafts
+        nothing useful: acceptance length ~1, output still exactly the target's); this is logged as a warning.
         """
         tgt = load_target(target, device=device, dtype=dtype, fast=fast)
         device, torch_dtype = tgt.device, tgt.dtype
-        if drafter is not None:
+        if drafter is None:
+            drafter = shipped_drafter(target)
+        if drafter is not None and str(drafter) != "untrained":
             return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype))
         log.warning("no trained drafter for %s: using a freshly initialised drafter; the output is exactly the "
                     "target's, but expect acceptance ~1 and no speed-up", target)

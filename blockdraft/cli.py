@@ -18,7 +18,8 @@ from blockdraft.train.command import run_data, run_train
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text with a target + DFlash drafter pair")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"short id, local folder or hub id (default {DEFAULT_TARGET})")
-    p.add_argument("--drafter", default=None, help="DFlash drafter folder (published z-lab format or ours)")
+    p.add_argument("--drafter", default=None, help="DFlash drafter folder (published z-lab format or ours); default: the "
+                   "one shipped for the target (blockdraft/models/), or 'untrained'")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="raw text prompt (no chat template)")
     src.add_argument("--chat", help="one user message, formatted with the target's chat template")

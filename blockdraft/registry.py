@@ -51,6 +51,17 @@ EMBEDDED = {
 }
 
 
+MODELS_DIR = Path(__file__).resolve().parent / "models"  # drafters we ship, one folder + model card each
+SHIPPED_DRAFTERS = {DEFAULT_TARGET: "smollm2-135m-instruct-dflash"}
+
+
+def shipped_drafter(target: str) -> Path | None:
+    """The drafter folder shipped for a target id, or None when there is none (yet)."""
+    name = SHIPPED_DRAFTERS.get(target)
+    folder = MODELS_DIR / name if name else None
+    return folder if folder is not None and (folder / "model.safetensors").is_file() else None
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -57,3 +57,18 @@ def test_default_target_speculative_greedy_equals_plain_greedy():
         plain = pipe.generate(chat=chat, max_new_tokens=48, no_draft=True)
         assert spec.token_ids == plain.token_ids
         assert spec.stats.drafter_forwards > 0 and plain.stats.drafter_forwards == 0
+
+
+def test_shipped_drafters_have_a_model_card_and_load_for_their_target():
+    from blockdraft.checkpoint import load_drafter
+    from blockdraft.registry import MODELS_DIR, SHIPPED_DRAFTERS, shipped_drafter
+
+    assert shipped_drafter("no-such-target") is None
+    for target, name in SHIPPED_DRAFTERS.items():
+        folder = shipped_drafter(target)
+        if folder is None:  # not trained yet: the loader falls back to an untrained drafter
+            continue
+        assert folder == MODELS_DIR / name and (folder / "README.md").is_file()
+        assert (folder / "model.safetensors").stat().st_size <= 40 * 2**20
+        drafter = load_drafter(folder)
+        assert drafter.config.num_target_layers == 30 and drafter.config.block_size >= 4
