@@ -21,6 +21,7 @@ from blockdraft.config import DrafterConfig
 from blockdraft.drafter import Drafter
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
+from blockdraft.memory import memory_report
 from blockdraft.registry import DEFAULT_TARGET, load_target, mask_token_for, shipped_drafter
 from blockdraft.sampling import SamplingParams
 from blockdraft.stats import GenerationStats
@@ -60,38 +61,45 @@ class TextStream:
 class Pipeline:
     """A target (+ tokenizer) and an optional DFlash drafter, ready to generate text."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, untrained_drafter: bool = False) -> None:
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, untrained_drafter: bool = False,
+                 draft_window: int | None = None) -> None:
         if target.tokenizer is None:
             raise InvalidArgumentError("target has no tokenizer: expected one to encode and decode text")
         self.target = target
         self.drafter = drafter
         self.untrained_drafter = untrained_drafter
-        self.engine = SpeculativeEngine(target, drafter)
+        self.engine = SpeculativeEngine(target, drafter, draft_window=draft_window)
         self.tokenizer = target.tokenizer
 
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
              device: str | None = None, dtype: str | torch.dtype | None = None,
-             random_drafter_layers: int = 1, seed: int = 0, fast: bool = True) -> "Pipeline":
+             random_drafter_layers: int = 1, seed: int = 0, fast: bool = True,
+             draft_window: int | None = None) -> "Pipeline":
         """Load a target by id or folder and a drafter folder.
 
         Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
         Without `drafter`, the drafter shipped for the target id is used (`blockdraft/models/`); when there
         is none, or with drafter="untrained", a freshly initialised drafter is built for the target (it drafts
         nothing useful: acceptance length ~1, output still exactly the target's); this is logged as a warning.
+        `draft_window` keeps only the last N context tokens in the drafter's cache (bounded memory).
         """
         tgt = load_target(target, device=device, dtype=dtype, fast=fast)
         device, torch_dtype = tgt.device, tgt.dtype
         if drafter is None:
             drafter = shipped_drafter(target)
         if drafter is not None and str(drafter) != "untrained":
-            return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype))
+            return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype), draft_window=draft_window)
         log.warning("no trained drafter for %s: using a freshly initialised drafter; the output is exactly the "
                     "target's, but expect acceptance ~1 and no speed-up", target)
         config = DrafterConfig.for_target(tgt.config_dict(), num_layers=random_drafter_layers,
                                           mask_token_id=mask_token_for(target, tgt.tokenizer, tgt.vocab_size))
         fresh = Drafter(config).init_weights(seed).to(device=device, dtype=torch_dtype).eval()
-        return cls(tgt, fresh, untrained_drafter=True)
+        return cls(tgt, fresh, untrained_drafter=True, draft_window=draft_window)
+
+    def memory_report(self, context: int = 1024) -> dict[str, Any]:
+        """Parameter and cache bytes of the target and the drafter at `context` tokens (see blockdraft.memory)."""
+        return memory_report(self.target, self.drafter, context, self.engine.draft_window)
 
     # ------------------------------------------------------------------ text
     def encode(self, prompt: str | None = None, chat: str | None = None, messages: Messages | None = None,

@@ -177,15 +177,25 @@ class DecoderLayer(nn.Module):
 class DraftCache:
     """Per-layer K/V of committed context tokens, preallocated and grown by doubling.
 
-    Context positions are contiguous from 0, so the cache is a length plus buffers. Block K/V are never
-    stored here: a draft forward only reads this cache.
+    Context positions are contiguous, so the cache is buffers plus counts. Block K/V are never stored here:
+    a draft forward only reads this cache. With `window`, only the last `window` context tokens are kept
+    (memory bounded per request on long contexts; the keys carry their absolute RoPE positions).
     """
 
-    def __init__(self, num_layers: int) -> None:
-        self.num_layers = num_layers
-        self.length = 0
+    def __init__(self, num_layers: int, window: int | None = None) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"draft cache window={window}: expected >= 1 or None")
+        self.num_layers, self.window = num_layers, window
+        self.length = 0           # context tokens seen (absolute positions 0..length-1)
+        self._first = 0           # buffer index of the oldest kept token
+        self._used = 0            # buffer slots written
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
+
+    @property
+    def offset(self) -> int:
+        """Absolute position of the oldest context token kept."""
+        return self.length - (self._used - self._first)
 
     def append(self, kvs: list[KV]) -> None:
         new = kvs[0][0].shape[2]
@@ -194,17 +204,31 @@ class DraftCache:
             for k, v in kvs:
                 self._k.append(k.new_empty(*k.shape[:2], cap, k.shape[3]))
                 self._v.append(v.new_empty(*v.shape[:2], cap, v.shape[3]))
-        if self.length + new > self._k[0].shape[2]:
-            cap = max(2 * self._k[0].shape[2], self.length + new)
-            self._k = [_grow(t, cap, self.length) for t in self._k]
-            self._v = [_grow(t, cap, self.length) for t in self._v]
+        self._make_room(new)
         for i, (k, v) in enumerate(kvs):
-            self._k[i][:, :, self.length:self.length + new] = k
-            self._v[i][:, :, self.length:self.length + new] = v
+            self._k[i][:, :, self._used:self._used + new] = k
+            self._v[i][:, :, self._used:self._used + new] = v
+        self._used += new
         self.length += new
+        if self.window is not None:
+            self._first = max(self._first, self._used - self.window)
+
+    def _make_room(self, new: int) -> None:
+        cap = self._k[0].shape[2]
+        if self._used + new <= cap:
+            return
+        if self._first:  # windowed: move the kept tokens to the front instead of growing
+            kept = self._used - self._first
+            for t in self._k + self._v:
+                t[:, :, :kept] = t[:, :, self._first:self._used].clone()
+            self._first, self._used = 0, kept
+        if self._used + new > cap:
+            cap = max(2 * cap, self._used + new)
+            self._k = [_grow(t, cap, self._used) for t in self._k]
+            self._v = [_grow(t, cap, self._used) for t in self._v]
 
     def layer(self, i: int) -> KV:
-        return self._k[i][:, :, :self.length], self._v[i][:, :, :self.length]
+        return self._k[i][:, :, self._first:self._used], self._v[i][:, :, self._first:self._used]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._k + self._v)
@@ -328,7 +352,7 @@ class Drafter(nn.Module):
         if cache.length != start:
             raise RuntimeError(f"draft cache holds {cache.length} context tokens, block starts at {start}")
         positions = torch.arange(start, start + q_len, device=block.device).expand(b, -1)
-        ctx_positions = torch.arange(start, device=block.device).expand(b, -1)
+        ctx_positions = torch.arange(cache.offset, start, device=block.device).expand(b, -1)
         if cache.length:
             ctx = [cache.layer(i) for i in range(len(self.layers))]
         else:  # anchor at position 0: no context yet

@@ -94,9 +94,12 @@ class SpeculativeEngine:
     """Runs a target (and optionally a drafter) over token ids. Text handling lives in `api`."""
 
     def __init__(self, target: TargetModel, drafter: Drafter | None = None,
-                 policy: AdaptiveVerify | None = None) -> None:
+                 policy: AdaptiveVerify | None = None, draft_window: int | None = None) -> None:
+        if draft_window is not None and (not isinstance(draft_window, int) or draft_window < 1):
+            raise InvalidArgumentError(f"draft_window={draft_window!r}: expected an integer >= 1 or None")
         self.target = target
         self.drafter = drafter
+        self.draft_window = draft_window  # keep only this many context tokens in each draft cache
         self.policy = policy  # learned across calls; built from the measured cost curve on first use
         if drafter is not None:
             check_pair(target, drafter)
@@ -138,7 +141,7 @@ class SpeculativeEngine:
         return DecodeState(
             prompt=list(prompt_ids), options=options, stats=stats, block=block,
             gen=None if params.greedy else new_generator(params.seed, self.target.device),
-            draft_cache=DraftCache(self.drafter.config.num_hidden_layers) if speculative else None,
+            draft_cache=DraftCache(self.drafter.config.num_hidden_layers, self.draft_window) if speculative else None,
             policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None)
 
     def prefill(self, seq: DecodeState, cache: object, row: int | None = None) -> list[int]:

@@ -37,7 +37,7 @@ def test_text_and_stats_line(capsys, tiny_target_dir, drafter_dir):
     code, out, err = run(capsys, "--target", tiny_target_dir, "--drafter", drafter_dir, "--chat", "hi",
                          "--max-new-tokens", 8, "--stats", "--temperature", 0.8, "--seed", 1, "--block-size", 4)
     assert code == 0 and out.endswith("\n")
-    assert "[stats]" in err and "acceptance length" in err
+    assert "[stats]" in err and "acceptance length" in err and "[memory] target" in err
 
 
 def test_untrained_drafter_is_announced(capsys, caplog, tiny_target_dir):

@@ -140,3 +140,22 @@ def test_fused_context_projection_equals_each_layers_own_and_follows_weight_upda
             for (k, v), (k0, v0) in zip(drafter.context_kv(feats, pos), per_layer()):
                 assert torch.allclose(k, k0) and torch.allclose(v, v0)
             drafter.layers[1].self_attn.v_proj.weight.mul_(2.0)  # an in-place update invalidates the cache
+
+
+def test_windowed_cache_equals_a_drafter_given_only_the_last_tokens(pair):
+    """A window of W keeps exactly the last W context tokens (at their absolute positions), through
+    compactions, and matches a one-shot cache built from those tokens alone."""
+    target, drafter = pair
+    feats = _features(target, 150)
+    windowed = DraftCache(3, window=40)
+    for lo in range(0, 150, 7):
+        hi = min(lo + 7, 150)
+        drafter.draft(_block(target, hi), hi, feats[:, lo:hi], windowed)
+    assert windowed.length == 150 and windowed.offset == 110 and windowed.layer(0)[0].shape[2] == 40
+    ref = DraftCache(3)
+    ref.append(drafter.context_kv(feats[:, 110:], torch.arange(110, 150)[None]))
+    ref.length = 150  # the same 40 tokens at positions 110..149, nothing older
+    blk = _block(target, 150)
+    assert torch.allclose(drafter.draft(blk, 150, feats[:, :0], windowed), drafter.draft(blk, 150, feats[:, :0], ref))
+    with pytest.raises(ValueError, match="window=0"):
+        DraftCache(3, window=0)

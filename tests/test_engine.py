@@ -227,3 +227,13 @@ def test_mismatched_pair_is_refused():
     wide = TargetModel(tiny_hf_model("qwen3", hidden=64))
     with pytest.raises(IncompatibleModelsError, match="hidden_size=64 but target hidden_size=32"):
         SpeculativeEngine(target, tiny_drafter(wide))
+
+
+def test_a_draft_window_keeps_output_lossless():
+    model = tiny_hf_model("llama")
+    target = TargetModel(model)
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=4), draft_window=5)
+    for prompt in prompts(3, seed=9):
+        assert decode(engine, prompt, max_new_tokens=30)[0] == hf_greedy(model, prompt, 30)
+    with pytest.raises(InvalidArgumentError, match="draft_window=0"):
+        SpeculativeEngine(target, tiny_drafter(target), draft_window=0)

@@ -98,6 +98,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         "summaries": summaries(records, methods, greedy=args.temperature == 0),
         "records": [r.to_dict() for r in records],
     }
+    result["memory"] = pipe.memory_report(max(r.prompt_tokens + r.new_tokens for r in records))
     if args.batch:
         result["batch"] = run_batched(pipe, prompts, methods, settings, args.batch)
     blocks = [r.block_size for r in records if r.block_size > 1]
