@@ -17,6 +17,7 @@ import torch
 
 from blockdraft.batch_engine import BatchEngine
 from blockdraft.checkpoint import load_drafter
+from blockdraft.compile import compile_pair
 from blockdraft.config import DrafterConfig
 from blockdraft.drafter import Drafter
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
@@ -75,7 +76,7 @@ class Pipeline:
     def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
              device: str | None = None, dtype: str | torch.dtype | None = None,
              random_drafter_layers: int = 1, seed: int = 0, fast: bool = True,
-             draft_window: int | None = None) -> "Pipeline":
+             draft_window: int | None = None, compile: str | None = None) -> "Pipeline":
         """Load a target by id or folder and a drafter folder.
 
         Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
@@ -83,7 +84,16 @@ class Pipeline:
         is none, or with drafter="untrained", a freshly initialised drafter is built for the target (it drafts
         nothing useful: acceptance length ~1, output still exactly the target's); this is logged as a warning.
         `draft_window` keeps only the last N context tokens in the drafter's cache (bounded memory).
+        `compile`: None, or a torch.compile mode ("default"; "reduce-overhead" = CUDA graphs), see blockdraft.compile.
         """
+        pipe = cls._load(target, drafter, device, dtype, random_drafter_layers, seed, fast, draft_window)
+        if compile is not None:
+            compile_pair(pipe.target, pipe.drafter, compile)
+        return pipe
+
+    @classmethod
+    def _load(cls, target: str, drafter: str | Path | None, device: str | None, dtype: str | torch.dtype | None,
+              random_drafter_layers: int, seed: int, fast: bool, draft_window: int | None) -> "Pipeline":
         tgt = load_target(target, device=device, dtype=dtype, fast=fast)
         device, torch_dtype = tgt.device, tgt.dtype
         if drafter is None:

@@ -37,6 +37,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   help="torch.compile the per-layer blocks (mode: default | reduce-overhead = CUDA graphs)")
     p.add_argument("--draft-window", type=int, default=None, help="keep only this many context tokens in the drafter's cache")
     p.add_argument("--stats", action="store_true", help="print the stats and memory lines after the text (stderr)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
@@ -47,7 +49,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from blockdraft.memory import describe
 
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype,
-                         draft_window=args.draft_window)
+                         draft_window=args.draft_window, compile=args.compile)
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft,

@@ -42,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="chat templates with an enable_thinking flag get it (recorded in the JSON)")
     p.add_argument("--batch", type=int, default=0,
                    help="also decode all first turns together, this many rows at a time (0: skip)")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   help="torch.compile the per-layer blocks of the pair (see blockdraft.compile)")
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and the plots")
@@ -88,11 +90,11 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              block_sizes=tuple(args.block_sizes), verify=tuple(args.verify.split(",")), methods=tuple(args.methods.split(",")),
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              chat_template_kwargs=kwargs)
-    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype)
+    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile)
     methods, records = run_bench(pipe, prompts, settings)
     result: dict[str, Any] = {
         "schema": "blockdraft.bench/1", "environment": environment(pipe.target.device, pipe.target.dtype),
-        "config": {"target": args.target, "drafter": args.drafter or "default",
+        "config": {"target": args.target, "drafter": args.drafter or "default", "compile": args.compile,
                    "untrained_drafter": pipe.untrained_drafter, "datasets": {d: len(p) for d, p in prompts.items()},
                    "methods": methods, "settings": vars(settings) | {"block_sizes": list(settings.block_sizes)}},
         "summaries": summaries(records, methods, greedy=args.temperature == 0),
