@@ -3,6 +3,8 @@
 Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
     dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.adaptive`)
+    dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
+                      path (methods: dflash_hf), to measure what the fast path buys
     no_draft          plain autoregressive decoding through our engine (the same target forward)
     hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache)
     hf_prompt_lookup  Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`), a drafter-free peer
@@ -24,11 +26,12 @@ from tqdm import tqdm
 from blockdraft.api import Pipeline
 from blockdraft.batch_engine import BatchEngine
 from blockdraft.bench.metrics import mean_acceptance_length
-from blockdraft.engine import VERIFY_MODES, DecodeOptions
+from blockdraft.engine import VERIFY_MODES, DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
 from blockdraft.sampling import SamplingParams
 from blockdraft.stats import GenerationStats, now
+from blockdraft.target import TargetModel
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +88,10 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
                 names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") for v in settings.verify]
         elif m in BASE_METHODS:
             names.append(m)
+        elif m == "dflash_hf":
+            names.append("dflash-hfpath")
         else:
-            raise InvalidArgumentError(f"method {m!r}: expected dflash, {', '.join(BASE_METHODS)}")
+            raise InvalidArgumentError(f"method {m!r}: expected dflash, dflash_hf, {', '.join(BASE_METHODS)}")
     bad = [v for v in settings.verify if v not in VERIFY_MODES]
     if bad:
         raise InvalidArgumentError(f"verify mode {bad[0]!r}: expected one of {VERIFY_MODES}")
@@ -113,9 +118,18 @@ def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, s
                 seed: int) -> tuple[list[int], GenerationStats, float]:
     options = _options(method, s, stops, seed)
     stats = GenerationStats(block_size=1)
+    engine = _hf_path_engine(pipe) if method == "dflash-hfpath" else pipe.engine
     t0 = now(pipe.target.device)
-    tokens = [t for chunk in pipe.engine.decode(ids, options, stats) for t in chunk]
-    return tokens, stats, now(pipe.target.device) - t0
+    tokens = [t for chunk in engine.decode(ids, options, stats) for t in chunk]
+    elapsed = now(pipe.target.device) - t0
+    if engine is not pipe.engine:
+        engine.target.set_feature_layers([])  # unhook the shared HF layers: the other methods pay nothing
+    return tokens, stats, elapsed
+
+
+def _hf_path_engine(pipe: Pipeline) -> SpeculativeEngine:
+    """The same target weights and drafter through the Hugging Face adapter (hooks, DynamicCache)."""
+    return SpeculativeEngine(TargetModel(pipe.target.model, pipe.tokenizer), pipe.drafter)
 
 
 def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
@@ -140,9 +154,9 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
 
 
 def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -> DecodeOptions:
-    no_draft = method == "no_draft"
-    return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=None if no_draft else int(method.split("-")[1][1:]),
-                         no_draft=no_draft, stop_token_ids=stops,
+    block = int(method.split("-")[1][1:]) if method.startswith("dflash-b") else None
+    return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
+                         stop_token_ids=stops,
                          sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
                          verify="adaptive" if method.endswith("-adaptive") else "fixed")
 
@@ -214,7 +228,7 @@ def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], met
                 rows: int) -> dict[str, dict[str, Any]]:
     """First turns of all prompts through the batched engine, `rows` at a time, per engine method:
     total new tokens / wall time, and greedy agreement with the batched plain decoding."""
-    engine_methods = [m for m in methods if not m.startswith("hf_")]
+    engine_methods = [m for m in methods if not m.startswith("hf_") and m != "dflash-hfpath"]
     ids = [pipe.encode(messages=p.messages, chat_template_kwargs=s.chat_template_kwargs)
            for ps in prompts_by_dataset.values() for p in ps]
     out: dict[str, dict[str, Any]] = {}

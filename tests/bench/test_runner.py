@@ -30,11 +30,11 @@ PROMPTS = {"chat": [Prompt("a", ({"role": "user", "content": "Tell me about cats
 
 def test_every_method_runs_every_turn_and_greedy_outputs_agree(pipe):
     s = BenchSettings(max_new_tokens=10, block_sizes=(2, 6), verify=("fixed", "adaptive"),
-                      methods=("dflash", "no_draft", "hf_generate", "hf_prompt_lookup"))
+                      methods=("dflash", "dflash_hf", "no_draft", "hf_generate", "hf_prompt_lookup"))
     pipe.engine.policy = AdaptiveVerify({q: 1.0 + 0.2 * q for q in range(1, 7)})
     methods, records = run_bench(pipe, PROMPTS, s, progress=False)
-    assert methods == ["dflash-b2", "dflash-b2-adaptive", "dflash-b6", "dflash-b6-adaptive", "no_draft",
-                       "hf_generate", "hf_prompt_lookup"]
+    assert methods == ["dflash-b2", "dflash-b2-adaptive", "dflash-b6", "dflash-b6-adaptive", "dflash-hfpath",
+                       "no_draft", "hf_generate", "hf_prompt_lookup"]
     assert len(records) == 3 * len(methods)  # prompt a has 2 turns, b has 1
     assert [(r.prompt_id, r.turn) for r in records[:: len(methods)]] == [("a", 1), ("a", 2), ("b", 1)]
     table = summaries(records, methods, greedy=True)
@@ -44,6 +44,8 @@ def test_every_method_runs_every_turn_and_greedy_outputs_agree(pipe):
     assert 1 <= b6["mean_acceptance_length"] <= 6 and len(b6["acceptance_histogram"]) == 6
     assert abs(sum(b6["acceptance_histogram"]) - 1) < 1e-9
     assert table["overall"]["no_draft"]["speedup"]["no_draft"] == pytest.approx(1.0)
+    hf_path = [r for r in records if r.method == "dflash-hfpath"]
+    assert [r.acceptance_lengths for r in hf_path] == [r.acceptance_lengths for r in records if r.method == "dflash-b6"]
     assert set(table) == {"chat", "overall"} and "mean_acceptance_length" not in table["overall"]["hf_generate"]
     assert all(r.ttft_s <= r.total_s for r in records)
 
