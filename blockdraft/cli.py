@@ -44,6 +44,23 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
 
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a drafter folder in the published format (e.g. bf16 for vLLM / SGLang)")
+    p.add_argument("--drafter", required=True, help="drafter folder (ours or z-lab)")
+    p.add_argument("--out", required=True, help="output folder (replaced atomically)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from blockdraft.checkpoint import load_drafter, save_drafter
+
+    drafter = load_drafter(args.drafter)
+    print(save_drafter(drafter, args.out, dtype=getattr(torch, args.dtype), metadata={"source": str(args.drafter)}))
+    return 0
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from blockdraft.api import Pipeline
     from blockdraft.memory import describe
@@ -80,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     _generate_parser(sub)
     add_training_parsers(sub)
     add_bench_parser(sub)
+    _export_parser(sub)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # long jobs stop as on Ctrl-C: finished work is kept
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return {"generate": run_generate, "data": run_data, "train": run_train,
-                "bench": run_bench_command}[args.command](args)
+                "bench": run_bench_command, "export": run_export}[args.command](args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)
         return 2

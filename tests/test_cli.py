@@ -1,5 +1,7 @@
 import json
 
+import torch
+
 import pytest
 
 from blockdraft.checkpoint import save_drafter
@@ -65,3 +67,16 @@ def test_errors_are_one_line_and_exit_2(capsys, tiny_target_dir, drafter_dir, ar
 def test_unknown_target(capsys):
     code, _, err = run(capsys, "--target", "no-such-model", "--prompt", "hi")
     assert code == 2 and "not a known id" in err
+
+
+def test_export_casts_and_keeps_the_published_format(tmp_path):
+    from blockdraft.checkpoint import load_drafter
+    from tests.conftest import tiny_hf_model
+
+    src = save_drafter(tiny_drafter(TargetModel(tiny_hf_model("qwen3"))).float(), tmp_path / "src")
+    assert main(["export", "--drafter", str(src), "--out", str(tmp_path / "bf16")]) == 0
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    a, b = load_drafter(src), load_drafter(tmp_path / "bf16")
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.allclose(x, y, rtol=1e-2, atol=1e-3), k
+    assert main(["export", "--drafter", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
