@@ -43,6 +43,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--mask-token-id", type=int, default=None)
     t.add_argument("--sliding-window", type=int, default=None)
     t.add_argument("--init", default=None, help="start from this drafter folder instead of random weights")
+    t.add_argument("--init-from-target", action="store_true",
+                   help="start the layers as copies of the target's last layers (fc picks the deepest feature)")
     t.add_argument("--epochs", type=float, default=6.0)
     t.add_argument("--lr", type=float, default=6e-4)
     t.add_argument("--warmup-ratio", type=float, default=0.04)
@@ -130,7 +132,8 @@ def run_train(args: argparse.Namespace) -> int:
         mask = args.mask_token_id if args.mask_token_id is not None else \
             mask_token_for(args.target, target.tokenizer, target.vocab_size)
         drafter = new_drafter(target, num_layers=args.layers, block_size=args.block_size, mask_token_id=mask,
-                              target_layer_ids=args.target_layer_ids, seed=args.seed, sliding_window=args.sliding_window)
+                              target_layer_ids=args.target_layer_ids, seed=args.seed, sliding_window=args.sliding_window,
+                              from_target=args.init_from_target)
     target.set_feature_layers(drafter.config.target_layer_ids)
     sequences = load_sequences(args.data, "train", target.tokenizer, args.max_len, limit=args.limit)
     if args.features == "cache":

@@ -39,6 +39,7 @@ from blockdraft.target import TargetModel
 from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, sample_anchors
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import FeatureSource
+from blockdraft.train.init import init_from_target
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
 from blockdraft.train.vocab import TrainVocab
 
@@ -337,11 +338,14 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def new_drafter(target: TargetModel, *, num_layers: int, block_size: int, mask_token_id: int,
-                target_layer_ids: list[int] | None, seed: int, sliding_window: int | None = None) -> Drafter:
+                target_layer_ids: list[int] | None, seed: int, sliding_window: int | None = None,
+                from_target: bool = False) -> Drafter:
+    """A fresh drafter: random weights, or (from_target) the target's last layers (see train.init)."""
     config = DrafterConfig.for_target(target.config_dict(), num_layers=num_layers, block_size=block_size,
                                       mask_token_id=mask_token_id, target_layer_ids=target_layer_ids,
                                       sliding_window=sliding_window)
-    return Drafter(config).init_weights(seed).to(target.device, torch.float32)
+    drafter = Drafter(config).init_weights(seed).to(target.device, torch.float32)
+    return init_from_target(drafter, target) if from_target else drafter
 
 
 def world_from_env() -> None:
