@@ -43,6 +43,9 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_umask())
     try:
         yield tmp
+        for f in tmp.rglob("*"):  # some writers create files 0600; give them the usual permissions
+            if f.is_file():
+                f.chmod(0o666 & ~_umask())
         if final.exists():
             old = final.with_name(f".{final.name}.old")
             shutil.rmtree(old, ignore_errors=True)
