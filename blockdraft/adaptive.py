@@ -35,7 +35,7 @@ class AdaptiveVerify:
         self.momentum, self.probe_every = momentum, probe_every
         self.drafter_s = 0.0
         self.value: float | None = None   # running committed tokens per second of speculative cycles (model)
-        self.skipped = 0
+        self.skipped, self.interval, self.probing = 0, probe_every, False
 
     @property
     def max_drafts(self) -> int:
@@ -58,15 +58,19 @@ class AdaptiveVerify:
         return int(self.expected_rate(confidence).argmax())
 
     def draft_now(self) -> bool:
-        """Draft this cycle? Yes while speculation pays (or nothing is known yet); else every probe_every-th."""
-        if self.value is None or self.value >= 1.0 / float(self.cost[0]):
-            self.skipped = 0
+        """Draft this cycle? Yes while speculation pays (or nothing is known yet); otherwise probe once every
+        `interval` cycles, the interval doubling (up to 8x probe_every) while probes keep not paying."""
+        if self.value is None or self.pays():
+            self.skipped, self.interval = 0, self.probe_every
             return True
         self.skipped += 1
-        if self.skipped >= self.probe_every:
-            self.skipped = 0
+        if self.skipped >= self.interval:
+            self.skipped, self.probing = 0, True
             return True
         return False
+
+    def pays(self) -> bool:
+        return self.value is not None and self.value >= 1.0 / float(self.cost[0])
 
     def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:
         """Learn from one speculative cycle: drafts 1..verified were tested in order, `accepted` passed."""
@@ -82,3 +86,6 @@ class AdaptiveVerify:
             self.accepted.index_add_(0, b, hits)
         rate = (accepted + 1) / (float(self.cost[verified]) + drafter_s)
         self.value = rate if self.value is None else m * self.value + (1 - m) * rate
+        if self.probing and not self.pays():
+            self.interval = min(2 * self.interval, 8 * self.probe_every)
+        self.probing = False

@@ -40,6 +40,10 @@ def test_stops_drafting_when_it_does_not_pay_and_probes_now_and_then():
         policy.update(torch.full((7,), 0.5), verified=3, accepted=0, drafter_s=0.5)
     decisions = [policy.draft_now() for _ in range(12)]
     assert decisions == [False, False, False, True] * 3
+    for gap in (8, 16, 32, 32):  # probes that do not pay double the interval, up to 8x
+        policy.update(torch.full((7,), 0.5), verified=1, accepted=0, drafter_s=0.5)
+        decisions = [policy.draft_now() for _ in range(gap)]
+        assert decisions == [False] * (gap - 1) + [True]
     for _ in range(40):
         policy.update(torch.full((7,), 0.9), verified=7, accepted=7, drafter_s=0.1)
     assert all(policy.draft_now() for _ in range(5))
