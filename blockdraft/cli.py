@@ -32,8 +32,9 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", choices=("sample", "greedy"), default="sample",
                    help="with temperature > 0: sample drafts from the drafter or propose its argmax")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (the baseline)")
-    p.add_argument("--verify", choices=("fixed", "adaptive"), default="fixed",
-                   help="verify every draft, or only the prefix worth its cost on this device (measured once)")
+    p.add_argument("--verify", choices=("fixed", "adaptive"), default="adaptive",
+                   help="adaptive (default): verify only the draft prefix worth its cost on this device (cost curve "
+                        "measured once and cached); fixed: verify every draft of the block")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
