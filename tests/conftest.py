@@ -81,3 +81,14 @@ def tiny_target_dir(tmp_path_factory):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def tiny_pipeline(arch: str = "qwen3", *, seed: int = 2, block_size: int = 6):
+    """A text pipeline over a tiny random target (byte tokenizer, sharpened head) and drafter."""
+    from blockdraft.api import Pipeline
+
+    tok = tiny_tokenizer()
+    model = tiny_hf_model(arch, vocab=len(tok), head_scale=4.0, seed=seed)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    target = TargetModel(model, tok)
+    return Pipeline(target, tiny_drafter(target, block_size=block_size))

@@ -3,17 +3,12 @@ import torch
 
 from blockdraft.api import Pipeline
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_hf_model, tiny_tokenizer
+from tests.conftest import tiny_drafter, tiny_pipeline
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    tok = tiny_tokenizer()
-    model = tiny_hf_model("qwen3", vocab=len(tok), head_scale=4.0, seed=2)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    target = TargetModel(model, tok)
-    return Pipeline(target, tiny_drafter(target, block_size=6))
+    return tiny_pipeline("qwen3", seed=2)
 
 
 def test_text_matches_the_engines_tokens(pipe):

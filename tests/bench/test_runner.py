@@ -2,25 +2,18 @@
 import json
 
 import pytest
-import torch
 
 from blockdraft.adaptive import AdaptiveVerify
-from blockdraft.api import Pipeline
 from blockdraft.bench.report import markdown, plots, summaries, summarize
 from blockdraft.bench.runner import BenchSettings, Record, method_names, run_bench
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
-from blockdraft.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_hf_model, tiny_tokenizer
+from tests.conftest import tiny_pipeline
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    tok = tiny_tokenizer()
-    model = tiny_hf_model("llama", vocab=len(tok), head_scale=4.0, seed=3)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    target = TargetModel(model, tok)
-    return Pipeline(target, tiny_drafter(target, block_size=6))
+    return tiny_pipeline("llama", seed=3)
 
 
 PROMPTS = {"chat": [Prompt("a", ({"role": "user", "content": "Tell me about cats."},), "t",
