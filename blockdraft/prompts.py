@@ -174,7 +174,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
         if messages is None:
             continue
         prompt = Prompt(id=str(record.get("id", f"{Path(source).name}-{n}")), messages=tuple(messages),
-                        source=source)
+                        source=str(record.get("source", source)))  # a prompt file may keep its records' origin
         key = prompt.fingerprint()
         if key in seen:
             continue

@@ -96,7 +96,8 @@ class TargetModel:
         return store
 
     # ---------------------------------------------------------------- running
-    def new_cache(self) -> Any:
+    def new_cache(self, rows: int = 1, capacity: int = 0) -> Any:
+        """An empty KV cache; a dynamic cache grows to any batch and length (`rows`, `capacity` are hints)."""
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
@@ -116,6 +117,12 @@ class TargetModel:
                              cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
             self._capture = False
+        if cache.get_seq_length() != start + input_ids.shape[1]:
+            import transformers
+
+            raise IncompatibleModelsError(
+                f"transformers {transformers.__version__} did not fill the KV cache (holds {cache.get_seq_length()} "
+                f"tokens, expected {start + input_ids.shape[1]}): blockdraft needs the pinned transformers==5.24.0")
         feats = None
         if features:
             if not self.feature_layer_ids:

@@ -19,6 +19,26 @@ from tests.test_engine import PROMPT, VOCAB, chi_square_pvalue, decode, exact_jo
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def test_training_logits_flex_equal_sdpa_with_memory_features_on_cuda():
+    """GPU training path: features held in GPU memory, compiled flex_attention block masks vs dense SDPA masks."""
+    from blockdraft.train.data import Sequence
+    from blockdraft.train.blocks import sample_anchors
+    from blockdraft.train.features import MemoryFeatures
+    from blockdraft.train.trainer import block_logits
+
+    target = FastTarget(tiny_hf_model("llama", dtype=torch.float32, hidden=64).cuda())  # flex needs head_dim >= 16
+    target.set_feature_layers([1, 3])
+    drafter = tiny_drafter(target, block_size=4, target_layer_ids=[1, 3]).to("cuda", torch.float32)
+    g = torch.Generator().manual_seed(0)
+    seqs = [Sequence(f"s{i}", torch.randint(0, 95, (n,), generator=g), torch.arange(n) >= 3)
+            for i, n in enumerate((40, 33, 47))]
+    feats = MemoryFeatures(target, seqs, torch.float32)
+    anchors = [sample_anchors(s.loss_mask, 6, torch.Generator().manual_seed(i)) for i, s in enumerate(seqs)]
+    dense, _ = block_logits(drafter, target, seqs, [feats(s) for s in seqs], anchors, attention="sdpa")
+    flex, _ = block_logits(drafter, target, seqs, [feats(s) for s in seqs], anchors, attention="flex")
+    assert torch.allclose(dense, flex, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("cls", [TargetModel, FastTarget])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_greedy_speculative_equals_plain_on_cuda(arch, cls, dtype):

@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="chat templates with an enable_thinking flag get it (recorded in the JSON)")
     p.add_argument("--batch", type=int, default=0,
                    help="also decode all first turns together, this many rows at a time (0: skip)")
+    p.add_argument("--batch-only", action="store_true",
+                   help="only the batched run, per dataset (first turns): a quick tau and agreement check over "
+                        "many prompts; needs --batch")
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile the per-layer blocks of the pair (see blockdraft.compile)")
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
@@ -62,6 +65,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from blockdraft.bench.datasets import bench_prompts
     from blockdraft.errors import InvalidArgumentError
 
+    if args.batch_only and args.batch < 1:
+        raise InvalidArgumentError(f"--batch-only needs --batch ROWS >= 1, got --batch {args.batch}")
     if args.max_new_tokens < 1 or (args.max_samples is not None and args.max_samples < 1) or args.turns < 1:
         raise InvalidArgumentError(f"max_new_tokens={args.max_new_tokens}, max_samples={args.max_samples}, "
                                    f"turns={args.turns}: expected integers >= 1")
@@ -82,8 +87,8 @@ def _label(dataset: str) -> str:
 def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
     from blockdraft.api import Pipeline
     from blockdraft.costs import verify_cost_curve
-    from blockdraft.bench.report import cost_accounting, environment, plots, summaries
-    from blockdraft.bench.runner import BenchSettings, run_batched, run_bench
+    from blockdraft.bench.report import cost_accounting, plots, summaries
+    from blockdraft.bench.runner import BenchSettings, method_names, run_batched, run_bench
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -91,12 +96,13 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              chat_template_kwargs=kwargs)
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile)
+    if args.batch_only:
+        methods = method_names(settings, pipe.drafter.config.block_size if pipe.drafter is not None else None)
+        result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {
+            d: run_batched(pipe, {d: ps}, methods, settings, args.batch) for d, ps in prompts.items()}}
+        return result
     methods, records = run_bench(pipe, prompts, settings)
-    result: dict[str, Any] = {
-        "schema": "blockdraft.bench/1", "environment": environment(pipe.target.device, pipe.target.dtype),
-        "config": {"target": args.target, "drafter": args.drafter or "default", "compile": args.compile,
-                   "untrained_drafter": pipe.untrained_drafter, "datasets": {d: len(p) for d, p in prompts.items()},
-                   "methods": methods, "settings": vars(settings) | {"block_sizes": list(settings.block_sizes)}},
+    result = _header(args, pipe, prompts, methods, settings) | {
         "summaries": summaries(records, methods, greedy=args.temperature == 0),
         "records": [r.to_dict() for r in records],
     }
@@ -110,6 +116,17 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
     result["plots"] = [p.name for p in plots(result, out)]
     return result
+
+
+def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], methods: list[str],
+            settings: Any) -> dict[str, Any]:
+    from blockdraft.bench.report import environment
+
+    return {"schema": "blockdraft.bench/1", "environment": environment(pipe.target.device, pipe.target.dtype),
+            "config": {"target": args.target, "drafter": args.drafter or "default", "compile": args.compile,
+                       "untrained_drafter": pipe.untrained_drafter,
+                       "datasets": {d: len(p) for d, p in prompts.items()}, "methods": methods,
+                       "settings": vars(settings) | {"block_sizes": list(settings.block_sizes)}}}
 
 
 def _server(args: argparse.Namespace, prompts: dict[str, list]) -> dict[str, Any]:

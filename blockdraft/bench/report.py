@@ -140,6 +140,18 @@ def _f(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _batch_lines(title: str, batch: dict[str, dict[str, Any]]) -> list[str]:
+    base = batch.get("no_draft", {}).get("tokens_per_second")
+    rows = next(iter(batch.values()))["rows"]
+    lines = ["", f"Batched ({rows} rows, {title}, continuous batching):", "",
+             "| method | total tok/s | x no_draft | tau | identical |", "|---|---|---|---|---|"]
+    for m, b in batch.items():
+        same = f"{b['identical_to_no_draft']}/{b['requests']}" if "identical_to_no_draft" in b else "-"
+        lines.append(f"| {m} | {b['tokens_per_second']:.1f} | {_f(speedup(b['tokens_per_second'], base) if base else None)} "
+                     f"| {_f(b['mean_acceptance_length'])} | {same} |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = ["| dataset | method | tau | tok/s | TTFT ms | TPOT ms | x no_draft | x hf_generate | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -149,16 +161,10 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {dataset} | {m} | {_f(row.get('mean_acceptance_length'))} | "
                          f"{row['tokens_per_second']:.1f} | {row['ttft_ms_median']:.0f} | {row['tpot_ms']:.1f} | "
                          f"{_f(row['speedup'].get('no_draft'))} | {_f(row['speedup'].get('hf_generate'))} | {same} |")
-    batch = result.get("batch")
-    if batch:
-        base = batch.get("no_draft", {}).get("tokens_per_second")
-        rows = next(iter(batch.values()))["rows"]
-        lines += ["", f"Batched ({rows} rows, first turns, continuous batching):", "",
-                  "| method | total tok/s | x no_draft | tau | identical |", "|---|---|---|---|---|"]
-        for m, b in batch.items():
-            same = f"{b['identical_to_no_draft']}/{b['requests']}" if "identical_to_no_draft" in b else "-"
-            lines.append(f"| {m} | {b['tokens_per_second']:.1f} | {_f(speedup(b['tokens_per_second'], base) if base else None)} "
-                         f"| {_f(b['mean_acceptance_length'])} | {same} |")
+    if result.get("batch"):
+        lines += _batch_lines("first turns", result["batch"])
+    for dataset, batch in result.get("batch_by_dataset", {}).items():
+        lines += _batch_lines(dataset, batch)
     cost = result.get("cost")
     if cost and cost["methods"]:
         ratio = cost["verify_cost_ratio"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 from pathlib import Path
 
 from blockdraft.registry import DEFAULT_TARGET
@@ -57,7 +58,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--gamma", type=float, default=None)
     t.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto",
                    help="training attention: flex_attention block masks (auto on CUDA) or dense masks + SDPA")
-    t.add_argument("--features", choices=("online", "cache"), default="online")
+    t.add_argument("--features", choices=("online", "cache", "memory"), default="online",
+                   help="online: run the target per batch; cache: once, to disk; memory: once, kept on the device")
     t.add_argument("--feature-cache", default=None, help="folder for --features cache (default RUN/features)")
     t.add_argument("--cache-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="layers to store in a new feature cache (a superset of the drafter's lets one cache "
@@ -72,6 +74,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--eval-prompts", type=int, default=8)
     t.add_argument("--eval-max-new-tokens", type=int, default=64)
     t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="fit the command into this many seconds (loading, features and steps; the final save and "
+                        "eval come after): the schedule is re-planned from the measured step time")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     t.add_argument("--seed", type=int, default=0)
     _device_args(t)
@@ -114,13 +119,14 @@ def run_train(args: argparse.Namespace) -> int:
     from blockdraft.checkpoint import load_drafter
     from blockdraft.registry import mask_token_for
     from blockdraft.train.data import load_sequences
-    from blockdraft.train.features import (CachedFeatures, OnlineFeatures, build_feature_cache,
+    from blockdraft.train.features import (CachedFeatures, MemoryFeatures, OnlineFeatures, build_feature_cache,
                                            cached_layer_ids)
     from blockdraft.train.regenerate import encode_prompt
     from blockdraft.train.shards import read_split
     from blockdraft.train.trainer import (TrainConfig, Trainer, _checkpoints, new_drafter,
                                           world_from_env)
 
+    started = time.perf_counter()
     world_from_env()
     target = _load_target(args)
     out = Path(args.out)
@@ -142,6 +148,8 @@ def run_train(args: argparse.Namespace) -> int:
         build_feature_cache(target, sequences, folder)
         target.set_feature_layers(drafter.config.target_layer_ids)
         features = CachedFeatures(folder, drafter.config.target_layer_ids)
+    elif args.features == "memory":
+        features = MemoryFeatures(target, sequences, dtype=target.dtype)
     else:
         features = OnlineFeatures(target)
     heldout = [r["messages"][:-1] for r in read_split(Path(args.data), "heldout")]
@@ -151,6 +159,7 @@ def run_train(args: argparse.Namespace) -> int:
                       max_anchors=args.max_anchors, loss=args.loss, gamma=args.gamma, save_every=args.save_every,
                       log_every=args.log_every, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
                       eval_max_new_tokens=args.eval_max_new_tokens, max_steps=args.max_steps, seed=args.seed,
+                      time_budget=None if args.time_budget is None else args.time_budget - (time.perf_counter() - started),
                       attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})

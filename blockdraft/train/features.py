@@ -1,4 +1,4 @@
-"""Target features for training: computed online per batch, or cached once to disk and reused.
+"""Target features for training: computed online per batch, cached once to disk, or held in (GPU) memory.
 
 The cache is fp16 safetensors shards (one tensor per sequence, keyed by its id) plus `index.json`; it is
 built resumably (shards written atomically, the index after each shard) and checked against the layer ids.
@@ -38,6 +38,47 @@ class OnlineFeatures:
         ids = seq.input_ids[None].to(self.target.device)
         _, feats = self.target.forward(ids, self.target.new_cache(), 0, features=True, last_only=True)
         return feats[0].clone()  # outside inference mode: a normal tensor autograd may use
+
+
+class MemoryFeatures:
+    """Every sequence's features computed once, in length-sorted padded batches, and kept in memory.
+
+    For accelerators with room to spare (an H200 holds ~10K sequences' features in bf16): training then never
+    waits for the target. Right padding is exact here: attention is causal, so no real token sees a pad.
+    """
+
+    def __init__(self, target: TargetModel, sequences: list[Sequence], dtype: torch.dtype,
+                 tokens_per_batch: int = 65536) -> None:
+        self.store: dict[str, torch.Tensor] = {}
+        order = sorted(sequences, key=lambda s: s.input_ids.numel(), reverse=True)
+        size = feature_bytes(sum(s.input_ids.numel() for s in order), target.feature_layer_ids,
+                             target.hidden_size, dtype)
+        log.warning("features in memory on %s: %d sequences, %.2f GB (%s)", target.device, len(order), size / 1e9,
+                    str(dtype).removeprefix("torch."))
+        bar = tqdm(total=len(order), desc="features", unit="seq", dynamic_ncols=True)
+        first = 0
+        while first < len(order):
+            longest = order[first].input_ids.numel()
+            chunk = order[first:first + max(1, tokens_per_batch // longest)]
+            self._compute(target, chunk, longest, dtype)
+            first += len(chunk)
+            bar.update(len(chunk))
+        bar.close()
+
+    def _compute(self, target: TargetModel, chunk: list[Sequence], longest: int, dtype: torch.dtype) -> None:
+        ids = torch.zeros(len(chunk), longest, dtype=torch.long)
+        for row, seq in enumerate(chunk):
+            ids[row, : seq.input_ids.numel()] = seq.input_ids
+        cache = target.new_cache(rows=len(chunk), capacity=longest)
+        _, feats = target.forward(ids.to(target.device), cache, 0, features=True, last_only=True)  # (b, T, K*D)
+        for row, seq in enumerate(chunk):
+            self.store[seq.id] = feats[row, : seq.input_ids.numel()].to(dtype).clone()
+
+    def __call__(self, seq: Sequence) -> torch.Tensor:
+        feats = self.store.get(seq.id)
+        if feats is None:
+            raise InvalidArgumentError(f"sequence {seq.id!r} has no features in memory")
+        return feats
 
 
 def feature_bytes(num_tokens: int, layer_ids: list[int], hidden: int, dtype: torch.dtype = torch.float16) -> int:

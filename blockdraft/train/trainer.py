@@ -67,6 +67,7 @@ class TrainConfig:
     eval_prompts: int = 8
     eval_max_new_tokens: int = 64
     max_steps: int | None = None  # stop early (the schedule still spans all epochs)
+    time_budget: float | None = None  # seconds of training: the schedule is re-planned to end on time
     attention: str = "auto"       # "flex" on CUDA, "sdpa" (dense masks) elsewhere
     vocab: str = "full"           # "full", or "data": the data's label tokens + `vocab_negatives` per step
     vocab_negatives: int = 2048
@@ -91,6 +92,9 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
+PLAN_WARMUP_STEPS, PLAN_TIMED_STEPS = 5, 20  # a time budget re-plans the schedule from steps 6..25
 
 
 class BlockForward(nn.Module):
@@ -136,7 +140,7 @@ def _checkpoints(out: Path) -> list[Path]:
 
 
 def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.optim.Optimizer,
-                    cfg: TrainConfig, keep: int) -> Path:
+                    cfg: TrainConfig, keep: int, total_steps: int | None = None) -> Path:
     state = optimizer.state_dict()
     tensors = {f"state.{i}.{k}": v.detach().cpu().contiguous() for i, s in state["state"].items()
                for k, v in s.items()}
@@ -145,14 +149,15 @@ def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.opt
     with atomic_dir(path) as tmp:
         save_drafter(drafter, tmp / "drafter", dtype=torch.float32)
         save_file(tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "trainer.json").write_text(json.dumps({"step": step, "param_groups": groups,
-                                                      "config": asdict(cfg)}, indent=2))
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "total_steps": total_steps,
+                                                      "param_groups": groups, "config": asdict(cfg)}, indent=2))
     for old in _checkpoints(out)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
 
 
-def load_checkpoint(path: Path, drafter: Drafter, optimizer: torch.optim.Optimizer) -> int:
+def load_checkpoint(path: Path, drafter: Drafter, optimizer: torch.optim.Optimizer) -> tuple[int, int | None]:
+    """Restore weights and optimizer state; returns (step, the schedule's planned total steps if recorded)."""
     saved = load_drafter(path / "drafter", device=drafter.device, dtype=drafter.dtype)
     drafter.load_state_dict(saved.state_dict())
     meta = json.loads((path / "trainer.json").read_text())
@@ -163,7 +168,7 @@ def load_checkpoint(path: Path, drafter: Drafter, optimizer: torch.optim.Optimiz
         state.setdefault(int(i), {})[name] = value
     groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-    return int(meta["step"])
+    return int(meta["step"]), meta.get("total_steps")
 
 
 # ------------------------------------------------------------------ evaluation
@@ -249,18 +254,32 @@ class Trainer:
 
     def run(self, resume: bool = False) -> Path:
         cfg, out = self.cfg, self.out
-        step = 0
+        step, planned = 0, False
         if resume and _checkpoints(out):
-            step = load_checkpoint(_checkpoints(out)[-1], self.drafter, self.optimizer)
-            log.warning("resumed from step %d", step)
+            step, total = load_checkpoint(_checkpoints(out)[-1], self.drafter, self.optimizer)
+            planned = total is not None and total != self.total_steps
+            self.total_steps = total or self.total_steps
+            log.warning("resumed from step %d of %d", step, self.total_steps)
         if self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             _truncate_metrics(out / "metrics.jsonl", step)
         last = min(self.total_steps, cfg.max_steps or self.total_steps)
         bar = tqdm(total=last, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=self.rank != 0)
         window: list[dict[str, Any]] = []
-        t0 = time.perf_counter()
+        t0 = started = time.perf_counter()
+        first, timed_from = step, None
         while step < last:
+            if cfg.time_budget is not None:
+                elapsed = self._agree(time.perf_counter() - started)
+                if elapsed >= cfg.time_budget:
+                    log.warning("time budget of %.0f s spent at step %d", cfg.time_budget, step)
+                    break
+                if step - first == PLAN_WARMUP_STEPS:
+                    timed_from = elapsed
+                if not planned and step - first == PLAN_WARMUP_STEPS + PLAN_TIMED_STEPS:
+                    per_step = (elapsed - timed_from) / PLAN_TIMED_STEPS
+                    last = self._plan(step, elapsed, per_step, last)
+                    bar.total, planned = last, True
             lr = lr_at(step, self.total_steps, cfg)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -282,15 +301,35 @@ class Trainer:
             if step % cfg.save_every == 0 and step < last:
                 self.check_sync()
                 if self.rank == 0:
-                    save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints)
+                    save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints,
+                                    self.total_steps)
             bar.update(1)
         bar.close()
         self.check_sync()
         if self.rank == 0:
-            save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints)
+            save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints, self.total_steps)
             save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
         self._evaluate(step)
         return out / "final"
+
+    def _plan(self, step: int, elapsed: float, per_step: float, last: int) -> int:
+        """Shrink the schedule so it ends within the time budget at the measured step time.
+
+        The timings are the slowest rank's (`_agree`), so every rank plans the same schedule."""
+        fits = step + int((self.cfg.time_budget - elapsed) / per_step)
+        if fits < last:
+            self.total_steps = min(self.total_steps, fits)
+            log.warning("time budget %.0f s at %.3f s/step: schedule re-planned to %d steps",
+                        self.cfg.time_budget, per_step, self.total_steps)
+        return min(last, self.total_steps)
+
+    def _agree(self, value: float) -> float:
+        """The largest `value` over all ranks (rank-local timings must not split the ranks' decisions)."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.target.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
 
     def check_sync(self) -> None:
         """Raise if the ranks' weights have drifted apart (they must stay bitwise equal under DDP)."""

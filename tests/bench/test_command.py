@@ -40,6 +40,29 @@ def test_bench_writes_json_markdown_and_plots(tiny_target_dir, tmp_path, capsys)
     assert md.strip() in capsys.readouterr().out and "| p | dflash-b4 |" in md and "break-even" in md and "Batched (2 rows" in md
 
 
+def test_batch_only_reports_each_dataset(tiny_target_dir, tmp_path, capsys):
+    target = TargetModel.from_pretrained(tiny_target_dir)
+    save_drafter(tiny_drafter(target, block_size=4).float(), tmp_path / "drafter")
+    files = []
+    for name, texts in (("a", ("hello there", "count: 1 2 3", "x y z")), ("b", ("abc abc",))):
+        files.append(tmp_path / f"{name}.jsonl")
+        files[-1].write_text("\n".join(json.dumps({"prompt": t}) for t in texts))
+    out = tmp_path / "out"
+    rc = main(["bench", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "drafter"), "--dataset",
+               str(files[0]), "--dataset", str(files[1]), "--max-new-tokens", "8", "--methods", "dflash,no_draft",
+               "--batch", "2", "--batch-only", "--out", str(out), "--device", "cpu"])
+    assert rc == 0
+    result = json.loads((out / "bench.json").read_text())
+    by = result["batch_by_dataset"]
+    assert set(by) == {"a", "b"} and "records" not in result
+    assert by["a"]["dflash-b4"]["requests"] == 3 and by["a"]["dflash-b4"]["identical_to_no_draft"] == 3
+    assert by["b"]["no_draft"]["requests"] == 1 and 1 <= by["b"]["dflash-b4"]["mean_acceptance_length"] <= 4
+    md = (out / "bench.md").read_text()
+    assert "Batched (2 rows, a," in md and "Batched (2 rows, b," in md
+    assert main(["bench", "--target", str(tiny_target_dir), "--batch-only", "--out", str(out)]) == 2
+    assert "--batch-only needs --batch ROWS >= 1, got --batch 0" in capsys.readouterr().err
+
+
 def test_bench_rejects_bad_arguments(tiny_target_dir, tmp_path, capsys):
     assert main(["bench", "--target", str(tiny_target_dir), "--dataset", "nope", "--out", str(tmp_path)]) == 2
     assert "dataset 'nope'" in capsys.readouterr().err

@@ -4,8 +4,9 @@ import torch
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.target import TargetModel
 from blockdraft.train.data import Sequence
-from blockdraft.train.features import (CachedFeatures, OnlineFeatures, build_feature_cache, cached_layer_ids,
-                                      feature_bytes)
+from blockdraft.fast_target import FastTarget
+from blockdraft.train.features import (CachedFeatures, MemoryFeatures, OnlineFeatures, build_feature_cache,
+                                      cached_layer_ids, feature_bytes)
 from tests.conftest import tiny_hf_model
 
 
@@ -35,3 +36,19 @@ def test_a_cache_of_more_layers_serves_any_subset_in_any_order(tmp_path):
         target.set_feature_layers(subset)
         assert torch.allclose(CachedFeatures(tmp_path, subset)(seq), OnlineFeatures(target)(seq), atol=2e-3, rtol=1e-2)
     assert cached_layer_ids(tmp_path) == [0, 1, 3] and cached_layer_ids(tmp_path / "none") is None
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_memory_features_from_padded_batches_equal_one_by_one(fast):
+    model = tiny_hf_model("llama", dtype=torch.float32)
+    target = FastTarget(model) if fast else TargetModel(model)
+    target.set_feature_layers([2, 0])
+    lengths = (3, 11, 7, 11, 1, 9)
+    seqs = [Sequence(f"s{i}", torch.randint(0, 96, (n,)), torch.ones(n, dtype=torch.bool)) for i, n in enumerate(lengths)]
+    memory, online = MemoryFeatures(target, seqs, torch.float32, tokens_per_batch=24), OnlineFeatures(target)
+    for s in seqs:  # right padding never reaches a real token (causal attention)
+        got = memory(s)
+        assert got.shape == (s.input_ids.numel(), 2 * 32) and not got.is_inference()
+        assert torch.allclose(got, online(s), atol=1e-5, rtol=1e-4)
+    with pytest.raises(InvalidArgumentError, match="'zz' has no features in memory"):
+        memory(Sequence("zz", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)))

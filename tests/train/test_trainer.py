@@ -54,6 +54,27 @@ def test_lr_schedule_warms_up_then_decays():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] < 0.01
 
 
+def test_time_budget_replans_the_schedule_and_a_resume_keeps_it(counter, tmp_path):
+    from blockdraft.train.trainer import PLAN_TIMED_STEPS, PLAN_WARMUP_STEPS, _checkpoints, load_checkpoint
+
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    cfg = TrainConfig(out=str(tmp_path / "run"), epochs=1000, max_anchors=4, log_every=5, save_every=10_000,
+                      time_budget=4.0)
+    trainer = Trainer(cfg, counter, drafter, sequences(8), OnlineFeatures(counter))
+    planned_from = trainer.total_steps
+    trainer.run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    done = rows[-1]["step"]
+    assert PLAN_WARMUP_STEPS + PLAN_TIMED_STEPS < done < planned_from  # stopped by the budget, not the epochs
+    assert trainer.total_steps < planned_from  # the cosine now ends inside the budget
+    step, total = load_checkpoint(_checkpoints(tmp_path / "run")[-1], drafter, trainer.optimizer)
+    assert step == done and total == trainer.total_steps
+    again = Trainer(TrainConfig(**{**cfg.__dict__, "time_budget": None}), counter, drafter, sequences(8),
+                    OnlineFeatures(counter))
+    again.run(resume=True)  # the recorded schedule is kept: no fresh plan over 1000 epochs
+    assert again.total_steps == total
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 

