@@ -3,7 +3,7 @@
 # calls on one warm machine, because the target's GGUF (98 MB) does not fit one call's 64 MiB transfer:
 #
 #   prepare  (carry .gpu/a): park GGUF part a in /tmp/bd, then the CUDA smoke tests.
-#   train    (carry .gpu/b): rebuild the GGUF (sha256-checked by the registry), regenerate more ShareGPT answers
+#   train    (carry .gpu/b; REGEN_SECONDS=0 / BENCH=0 skip those stages): rebuild the GGUF (sha256-checked by the registry), regenerate more ShareGPT answers
 #            in fp32, train the drafter in bf16 with features held in GPU memory under a time budget, then a
 #            short bf16 benchmark. Every stage is time-boxed against one deadline; results land in $OUT as
 #            they are made, so a stage that fails or runs out of time loses nothing before it.
@@ -38,11 +38,13 @@ train() {
     "$PY" -c "from blockdraft.registry import resolve_target; print(resolve_target('smollm2-135m-instruct'))" || exit 1
 
     local data=data/regenerated/smollm2-135m-instruct-sharegpt
+    if [ "${REGEN_SECONDS:-120}" -gt 0 ]; then
     stamp "regenerate (fp32, ${REGEN_SECONDS:-120} s)"
     timeout -s TERM "${REGEN_SECONDS:-120}" "${BD[@]}" data regenerate --source .gpu/b/sharegpt-rest.jsonl.gz \
         --out $data --batch-size "${REGEN_ROWS:-512}" --max-new-tokens 384 --max-prompt-tokens 512 --device $DEVICE --dtype float32 \
         2>&1 | tr '\r' '\n' | grep -v "regenerate:.*it/s\|prompt/s" | tail -5
     tar czf "$OUT/regen.tgz" $data && stamp "data: $(zcat $data/train-*.jsonl.gz | wc -l) train answers"
+    fi
 
     local run=${RUN:-/tmp/run} budget=$(( $(left) - ${AFTER_TRAIN_SECONDS:-150} ))
     stamp "train (time budget ${budget} s)"
@@ -50,13 +52,13 @@ train() {
         --init .gpu/b/init --features memory --attention sdpa \
         --batch-size "${BATCH:-16}" --max-anchors "${ANCHORS:-192}" --vocab data --vocab-negatives 4096 \
         --loss acceptance --lr "${LR:-1e-3}" --warmup-ratio 0.02 --epochs 100 --time-budget $budget \
-        --save-every 100000 --log-every 25 --eval-prompts 8 --eval-max-new-tokens 64 --seed 2 --device $DEVICE ${LIMIT:+--limit $LIMIT} \
+        --save-every 100000 --log-every 25 --eval-prompts "${EVAL_PROMPTS:-8}" --eval-max-new-tokens 64 --seed "${SEED:-2}" --device $DEVICE ${LIMIT:+--limit $LIMIT} \
         2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$" | grep -v "^train: " | tail -12
     tail -3 $run/metrics.jsonl | cut -c1-400
     (cd $run && tar czf - final metrics.jsonl) | split -b 15M - "$OUT/run.tgz.part-"
     stamp "packed $(ls $OUT | tr '\n' ' ')"
 
-    if [ "$(left)" -gt 60 ] && [ -f $run/final/model.safetensors ]; then
+    if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 60 ] && [ -f $run/final/model.safetensors ]; then
         stamp "bench (bf16, $(( $(left) - 15 )) s)"
         timeout $(( $(left) - 15 )) "${BD[@]}" bench --dataset mt-bench --max-samples 10 --turns 1 \
             --max-new-tokens 128 --block-sizes 16 --verify fixed,adaptive --methods dflash,no_draft,hf_generate \

@@ -44,7 +44,6 @@ class Blocks:
     input_ids: torch.Tensor   # (b, N*B) block tokens: anchor token then MASKs
     positions: torch.Tensor   # (b, N*B) absolute positions p_n + k
     labels: torch.Tensor      # (b, N*B) target token or IGNORE
-    mask: torch.Tensor        # (b, 1, N*B, T + N*B) bool, True = visible
     anchors: torch.Tensor     # (b, N) anchor positions (0 for padding slots)
     valid: torch.Tensor       # (b, N) bool, real anchor slots
     block_size: int
@@ -71,23 +70,25 @@ def build_blocks(tokens: list[torch.Tensor], loss_masks: list[torch.Tensor], anc
         safe = pos.clamp_max(tok.numel() - 1)
         supervised = inside & lm.bool()[safe] & valid[i, :, None]
         labels[i, :, 1:] = torch.where(supervised, tok[safe], IGNORE)
-    mask = block_mask(anchor_pos, B, context_len)
-    return Blocks(input_ids.view(b, -1), positions.view(b, -1), labels.view(b, -1), mask, anchor_pos, valid, B)
+    return Blocks(input_ids.view(b, -1), positions.view(b, -1), labels.view(b, -1), anchor_pos, valid, B)
 
 
 def block_mask(anchors: torch.Tensor, block_size: int, context_len: int) -> torch.Tensor:
     """(b, 1, N*B, T + N*B) visibility for blocks anchored at `anchors` (b, N) over a T-token context."""
     b, n = anchors.shape
-    q_anchor = anchors.repeat_interleave(block_size, dim=1)               # (b, N*B)
-    ctx = torch.arange(context_len)[None, None, :] < q_anchor[:, :, None]  # strict: j < p_n
-    block_id = torch.arange(n).repeat_interleave(block_size)              # (N*B,)
+    device = anchors.device
+    q_anchor = anchors.repeat_interleave(block_size, dim=1)                              # (b, N*B)
+    ctx = torch.arange(context_len, device=device)[None, None, :] < q_anchor[:, :, None]  # strict: j < p_n
+    block_id = torch.arange(n, device=device).repeat_interleave(block_size)              # (N*B,)
     same = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)
     return torch.cat([ctx, same], dim=2)[:, None]
 
 
 def dense_mask_fn(blocks: Blocks, context_len: int, device: torch.device) -> MaskFn:
-    """Per-layer-kind dense masks: the block mask ANDed with the layer's causal / window rule (SDPA)."""
-    base = blocks.mask.to(device)
+    """Per-layer-kind dense masks: the block mask ANDed with the layer's causal / window rule (SDPA).
+
+    Built on `device` from the anchors (a (b, 1, N*B, T + N*B) mask is hundreds of MB at GPU batch sizes)."""
+    base = block_mask(blocks.anchors.to(device), blocks.block_size, context_len)
     q_pos = blocks.positions.to(device)
     ctx_pos = torch.arange(context_len, device=device).expand(q_pos.shape[0], -1)
     k_pos = torch.cat([ctx_pos, q_pos], dim=1)

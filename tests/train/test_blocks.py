@@ -50,4 +50,4 @@ def test_padding_slots_of_shorter_sequences_are_ignored():
                      [torch.tensor([1, 4, 6]), torch.tensor([2])], block_size=3, mask_token_id=MASK, context_len=10)
     assert b.valid.tolist() == [[True, True, True], [True, False, False]]
     assert b.labels[1].tolist() == [IGNORE, 23, 24] + [IGNORE] * 6
-    assert b.mask.shape == (2, 1, 9, 19)
+    assert block_mask(b.anchors, b.block_size, 10).shape == (2, 1, 9, 19)
