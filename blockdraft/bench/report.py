@@ -154,7 +154,7 @@ def _batch_lines(title: str, batch: dict[str, dict[str, Any]]) -> list[str]:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = ["| dataset | method | tau | tok/s | TTFT ms | TPOT ms | x no_draft | x hf_generate | identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"] if result["summaries"] else []
     for dataset, table in result["summaries"].items():
         for m, row in table.items():
             same = f"{row['identical_to_no_draft']}/{row['compared']}" if "compared" in row else "-"

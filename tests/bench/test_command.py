@@ -58,7 +58,7 @@ def test_batch_only_reports_each_dataset(tiny_target_dir, tmp_path, capsys):
     assert by["a"]["dflash-b4"]["requests"] == 3 and by["a"]["dflash-b4"]["identical_to_no_draft"] == 3
     assert by["b"]["no_draft"]["requests"] == 1 and 1 <= by["b"]["dflash-b4"]["mean_acceptance_length"] <= 4
     md = (out / "bench.md").read_text()
-    assert "Batched (2 rows, a," in md and "Batched (2 rows, b," in md
+    assert "Batched (2 rows, a," in md and "Batched (2 rows, b," in md and "| dataset |" not in md
     assert main(["bench", "--target", str(tiny_target_dir), "--batch-only", "--out", str(out)]) == 2
     assert "--batch-only needs --batch ROWS >= 1, got --batch 0" in capsys.readouterr().err
 
