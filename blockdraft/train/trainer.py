@@ -305,6 +305,8 @@ class Trainer:
                                     self.total_steps)
             bar.update(1)
         bar.close()
+        if window:  # stopped by the time budget between log rows: the last steps are logged too
+            self._log(_summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0))
         self.check_sync()
         if self.rank == 0:
             save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints, self.total_steps)
