@@ -159,7 +159,8 @@ def run_train(args: argparse.Namespace) -> int:
                       max_anchors=args.max_anchors, loss=args.loss, gamma=args.gamma, save_every=args.save_every,
                       log_every=args.log_every, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
                       eval_max_new_tokens=args.eval_max_new_tokens, max_steps=args.max_steps, seed=args.seed,
-                      time_budget=None if args.time_budget is None else args.time_budget - (time.perf_counter() - started),
+                      time_budget=None if args.time_budget is None else
+                      args.time_budget - (time.perf_counter() - started),  # loading and features count too
                       attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
