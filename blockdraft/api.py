@@ -76,7 +76,7 @@ class Pipeline:
     def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
              device: str | None = None, dtype: str | torch.dtype | None = None,
              random_drafter_layers: int = 1, seed: int = 0, fast: bool = True,
-             draft_window: int | None = None, compile: str | None = None) -> "Pipeline":
+             draft_window: int | None = None, compile: str | None = None, pack: bool | None = None) -> "Pipeline":
         """Load a target by id or folder and a drafter folder.
 
         Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
@@ -85,16 +85,23 @@ class Pipeline:
         nothing useful: acceptance length ~1, output still exactly the target's); this is logged as a warning.
         `draft_window` keeps only the last N context tokens in the drafter's cache (bounded memory).
         `compile`: None, or a torch.compile mode ("default"; "reduce-overhead" = CUDA graphs), see blockdraft.compile.
+        `pack`: prepack the target's linear layers for CPU inference (`blockdraft.packing`); None = on a CPU,
+        unless `compile` is given (compilation works on the dense layers).
         """
-        pipe = cls._load(target, drafter, device, dtype, random_drafter_layers, seed, fast, draft_window)
+        if compile is not None and pack:
+            raise InvalidArgumentError(f"compile={compile!r} with pack=True: compilation needs the dense layers, "
+                                       "expected one of the two")
+        pack = pack if pack is not None else compile is None
+        pipe = cls._load(target, drafter, device, dtype, random_drafter_layers, seed, fast, draft_window, pack)
         if compile is not None:
             compile_pair(pipe.target, pipe.drafter, compile)
         return pipe
 
     @classmethod
     def _load(cls, target: str, drafter: str | Path | None, device: str | None, dtype: str | torch.dtype | None,
-              random_drafter_layers: int, seed: int, fast: bool, draft_window: int | None) -> "Pipeline":
-        tgt = load_target(target, device=device, dtype=dtype, fast=fast)
+              random_drafter_layers: int, seed: int, fast: bool, draft_window: int | None,
+              pack: bool) -> "Pipeline":
+        tgt = load_target(target, device=device, dtype=dtype, fast=fast, pack=pack)
         device, torch_dtype = tgt.device, tgt.dtype
         if drafter is None:
             drafter = shipped_drafter(target)

@@ -10,7 +10,7 @@ import sys
 from blockdraft.bench.command import add_parser as add_bench_parser
 from blockdraft.bench.command import run_bench_command
 from blockdraft.errors import BlockdraftError
-from blockdraft.registry import DEFAULT_TARGET
+from blockdraft.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
 from blockdraft.train.command import add_parsers as add_training_parsers
 from blockdraft.train.command import run_data, run_train
 
@@ -41,6 +41,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile the per-layer blocks (mode: default | reduce-overhead = CUDA graphs)")
     p.add_argument("--draft-window", type=int, default=None, help="keep only this many context tokens in the drafter's cache")
+    add_pack_argument(p)
     p.add_argument("--stats", action="store_true", help="print the stats and memory lines after the text (stderr)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
@@ -67,7 +68,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from blockdraft.memory import describe
 
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype,
-                         draft_window=args.draft_window, compile=args.compile)
+                         draft_window=args.draft_window, compile=args.compile, pack=pack_choice(args))
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft,

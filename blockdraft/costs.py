@@ -43,13 +43,14 @@ def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, 
 
 
 def cost_key(target: TargetModel, max_tokens: int, context: int) -> str:
-    """What the curve depends on: the model's shape, device, dtype, threads, sizes."""
+    """What the curve depends on: the model's shape, device, dtype, threads, packed layers, sizes."""
     shape = {k: target.config_dict().get(k) for k in ("model_type", "hidden_size", "intermediate_size",
                                                       "num_hidden_layers", "num_attention_heads",
                                                       "num_key_value_heads", "vocab_size")}
     device = target.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{torch.get_num_threads()}"
-    blob = json.dumps([shape, type(target).__name__, name, str(target.dtype), max_tokens, context], sort_keys=True)
+    blob = json.dumps([shape, type(target).__name__, name, str(target.dtype), max_tokens, context]
+                      + (["packed"] if target.packed else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

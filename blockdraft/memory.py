@@ -12,17 +12,19 @@ import torch
 from torch import nn
 
 from blockdraft.drafter import Drafter
+from blockdraft.packing import packed_bytes
 from blockdraft.target import TargetModel
 
 
 def param_bytes(module: nn.Module) -> int:
+    """Bytes of `module`'s distinct parameters plus its prepacked weights (`blockdraft.packing`)."""
     seen: set[int] = set()
     total = 0
     for p in module.parameters():
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel() * p.element_size()
-    return total
+    return total + packed_bytes(module)
 
 
 def memory_report(target: TargetModel, drafter: Drafter | None, context: int = 1024,

@@ -6,6 +6,7 @@ On first use it is checked (sha256), dequantised once to fp32 safetensors under 
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import json
@@ -142,13 +143,28 @@ def resolve_target(spec: str) -> str:
 
 
 def load_target(spec: str = DEFAULT_TARGET, *, device: str | None = None, dtype: str | torch.dtype | None = None,
-                fast: bool = True) -> TargetModel:
-    """A target by id, folder or hub id; Llama / Qwen2 / Qwen3 on our fast path unless `fast=False`."""
+                fast: bool = True, pack: bool | None = None) -> TargetModel:
+    """A target by id, folder or hub id; Llama / Qwen2 / Qwen3 on our fast path unless `fast=False`.
+
+    pack: prepack the linear layers for CPU inference (`blockdraft.packing`); None = wherever it applies
+    (on CPU). Training needs dense weights: pass False."""
     device = device or default_device()
     target = TargetModel.from_pretrained(resolve_target(spec), device=device, dtype=parse_dtype(dtype, device))
     if fast and supports_fast_path(target.model):
         target = FastTarget(target.model, target.tokenizer)
+    if pack is not False and not target.pack() and pack:
+        log.warning("prepacked linears need a CPU and a torch build with oneDNN: running %s unpacked", spec)
     return target
+
+
+def add_pack_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-pack", action="store_true",
+                        help="keep the target's linear layers dense on CPU (default: prepacked, see blockdraft.packing)")
+
+
+def pack_choice(args: argparse.Namespace) -> bool | None:
+    """--no-pack -> False; otherwise None (pack wherever it applies)."""
+    return False if args.no_pack else None
 
 
 def mask_token_for(spec: str, tokenizer: object, vocab_size: int) -> int:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from blockdraft.errors import IncompatibleModelsError
+from blockdraft.packing import pack_linears, packing_available
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ class TargetModel:
         self._captured: dict[int, torch.Tensor] = {}
         self._capture = False
         self._hooks: list[Any] = []
+        self.packed = False
+        self._stock: nn.Module | None = None
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -40,6 +43,29 @@ class TargetModel:
         tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs).to(device)
         return cls(model, tokenizer)
+
+    def pack(self) -> bool:
+        """Prepack the linear layers for CPU inference (`blockdraft.packing`), in place; the LM head keeps its
+        dense weight too (the drafter scores sub-vocabularies with it). False where packing does not apply."""
+        if self.packed or self.device.type != "cpu" or not packing_available(self.dtype):
+            return self.packed
+        count = pack_linears(self.model, keep_dense=(self.lm_head,))
+        log.info("prepacked %d linear layers for CPU inference", count)
+        self.packed = True
+        return True
+
+    def stock_model(self) -> nn.Module:
+        """The Hugging Face model with its stock dense layers, for baselines that must run unmodified Hugging
+        Face code: the model itself unless packed, else a copy loaded once from the same folder."""
+        if not self.packed:
+            return self.model
+        if self._stock is None:
+            from transformers import AutoModelForCausalLM
+
+            log.info("loading a dense copy of %s for the Hugging Face baselines", self.model.name_or_path)
+            self._stock = AutoModelForCausalLM.from_pretrained(self.model.name_or_path, dtype=self.dtype).to(
+                self.device).eval().requires_grad_(False)
+        return self._stock
 
     # ---------------------------------------------------------------- shape
     @property

@@ -8,7 +8,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from blockdraft.registry import DEFAULT_TARGET
+from blockdraft.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "many prompts; needs --batch")
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile the per-layer blocks of the pair (see blockdraft.compile)")
+    add_pack_argument(p)
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and the plots")
@@ -95,7 +96,8 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              block_sizes=tuple(args.block_sizes), verify=tuple(args.verify.split(",")), methods=tuple(args.methods.split(",")),
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              chat_template_kwargs=kwargs)
-    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile)
+    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile,
+                         pack=pack_choice(args))
     if args.batch_only:
         methods = method_names(settings, pipe.drafter.config.block_size if pipe.drafter is not None else None)
         result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {

@@ -4,9 +4,10 @@ Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
     dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.adaptive`)
     dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
-                      path (methods: dflash_hf), to measure what the fast path buys
+                      path (methods: dflash_hf), to measure what the fast path buys (same linear kernels)
     no_draft          plain autoregressive decoding through our engine (the same target forward)
-    hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache)
+    hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache), on the
+                      stock dense layers even when our engine runs prepacked ones (`blockdraft.packing`)
     hf_prompt_lookup  Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`), a drafter-free peer
 
 Prompts run prompt-major (for each prompt, every method in turn) so machine noise hits all methods alike.
@@ -148,7 +149,7 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
     x = torch.tensor([ids], device=device)
     t0 = now(device)
     with torch.inference_mode():
-        out = pipe.target.model.generate(x, attention_mask=torch.ones_like(x), streamer=clock, **kwargs)
+        out = pipe.target.stock_model().generate(x, attention_mask=torch.ones_like(x), streamer=clock, **kwargs)
     total = now(device) - t0
     return out[0, len(ids):].tolist(), (clock.first or t0 + total) - t0, total
 

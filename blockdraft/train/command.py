@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from blockdraft.registry import DEFAULT_TARGET
+from blockdraft.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--thinking", choices=("on", "off", "default"), default="default",
                    help="passed to chat templates that have an enable_thinking flag")
     _device_args(r)
+    add_pack_argument(r)
 
     t = sub.add_parser("train", help="train a DFlash drafter on regenerated data (or --plot a run)")
     t.add_argument("--data", help="folder written by `blockdraft data regenerate`")
@@ -87,10 +88,10 @@ def _device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="target dtype: auto (fp32 CPU, bf16 GPU), float32, bfloat16")
 
 
-def _load_target(args: argparse.Namespace):
+def _load_target(args: argparse.Namespace, pack: bool | None):
     from blockdraft.registry import load_target
 
-    return load_target(args.target, device=args.device, dtype=args.dtype)
+    return load_target(args.target, device=args.device, dtype=args.dtype, pack=pack)
 
 
 def run_data(args: argparse.Namespace) -> int:
@@ -103,7 +104,7 @@ def run_data(args: argparse.Namespace) -> int:
                              max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                              batch_size=args.batch_size, seed=args.seed, heldout_percent=args.heldout_percent,
                              chat_template_kwargs=kwargs)
-    print(json.dumps(regenerate(_load_target(args), prompts, args.out, settings)))
+    print(json.dumps(regenerate(_load_target(args, pack_choice(args)), prompts, args.out, settings)))
     return 0
 
 
@@ -128,7 +129,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     world_from_env()
-    target = _load_target(args)
+    target = _load_target(args, pack=False)  # training reads dense weights (init, gradients through the LM head)
     out = Path(args.out)
     if args.resume and _checkpoints(out):
         drafter = load_drafter(_checkpoints(out)[-1] / "drafter", device=target.device).train()
