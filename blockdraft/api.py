@@ -105,14 +105,18 @@ class Pipeline:
         device, torch_dtype = tgt.device, tgt.dtype
         if drafter is None:
             drafter = shipped_drafter(target)
-        if drafter is not None and str(drafter) != "untrained":
-            return cls(tgt, load_drafter(drafter, device=device, dtype=torch_dtype), draft_window=draft_window)
-        log.warning("no trained drafter for %s: using a freshly initialised drafter; the output is exactly the "
-                    "target's, but expect acceptance ~1 and no speed-up", target)
-        config = DrafterConfig.for_target(tgt.config_dict(), num_layers=random_drafter_layers,
-                                          mask_token_id=mask_token_for(target, tgt.tokenizer, tgt.vocab_size))
-        fresh = Drafter(config).init_weights(seed).to(device=device, dtype=torch_dtype).eval()
-        return cls(tgt, fresh, untrained_drafter=True, draft_window=draft_window)
+        untrained = drafter is None or str(drafter) == "untrained"
+        if untrained:
+            log.warning("no trained drafter for %s: using a freshly initialised drafter; the output is exactly the "
+                        "target's, but expect acceptance ~1 and no speed-up", target)
+            config = DrafterConfig.for_target(tgt.config_dict(), num_layers=random_drafter_layers,
+                                              mask_token_id=mask_token_for(target, tgt.tokenizer, tgt.vocab_size))
+            model = Drafter(config).init_weights(seed).to(device=device, dtype=torch_dtype).eval()
+        else:
+            model = load_drafter(drafter, device=device, dtype=torch_dtype)
+        if tgt.packed:
+            model.pack()
+        return cls(tgt, model, untrained_drafter=untrained, draft_window=draft_window)
 
     def memory_report(self, context: int = 1024) -> dict[str, Any]:
         """Parameter and cache bytes of the target and the drafter at `context` tokens (see blockdraft.memory)."""

@@ -99,6 +99,9 @@ def save_drafter(drafter: Drafter, folder: str | Path, dtype: torch.dtype | None
     """Write `drafter` as a published-format folder, atomically (a reader never sees half a folder)."""
     if dtype is not None and not dtype.is_floating_point:
         raise InvalidArgumentError(f"save dtype {dtype}: expected a floating-point dtype")
+    if drafter.packed:
+        raise InvalidArgumentError("this drafter's layers are prepacked for CPU inference (their dense weights are "
+                                   "gone): expected an unpacked drafter, load it again to save it")
     folder = Path(folder)
     state = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in drafter.state_dict().items()}
     config = drafter.config.to_dict()

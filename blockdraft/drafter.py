@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from blockdraft.config import DrafterConfig
+from blockdraft.packing import pack_linears, packing_available
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (b, Hkv, C, d) each
 Mask = Union[torch.Tensor, BlockMask, None]  # dense bool (b, 1, Q, Kv), a flex BlockMask, or all visible
@@ -251,6 +252,18 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.packed = False
+
+    def pack(self) -> bool:
+        """Prepack the decoder layers' linears for CPU inference (`blockdraft.packing`), in place; k_proj and
+        v_proj keep their dense weights too (the stacked context projection reads them). A packed drafter
+        cannot be trained or saved. False where packing does not apply."""
+        if self.packed or self.device.type != "cpu" or not packing_available(self.dtype):
+            return self.packed
+        kv = tuple(p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj))
+        pack_linears(self.layers, keep_dense=kv)
+        self.packed = True
+        return True
 
     def init_weights(self, seed: int = 0, std: float = 0.02) -> "Drafter":
         """Random initialisation (normal(0, std) linears, unit norms), reproducible from `seed`."""

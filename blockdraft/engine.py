@@ -161,8 +161,8 @@ class SpeculativeEngine:
     def propose(self, seq: DecodeState) -> Proposal:
         """Draft after the last committed token; with an adaptive policy keep only the prefix that pays."""
         n = min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
-        if seq.policy is not None and n > 0 and not seq.policy.draft_now():
-            n = 0
+        if seq.policy is not None:
+            n = seq.policy.draft_length(n)
         if n <= 0:
             return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
         spent = seq.stats.drafter_time

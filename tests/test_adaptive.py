@@ -33,20 +33,27 @@ def test_verifies_more_drafts_when_they_are_likely_accepted():
     assert flat.choose(torch.full((7,), 0.3)) == 7
 
 
-def test_stops_drafting_when_it_does_not_pay_and_probes_now_and_then():
+def test_drafts_only_the_slots_worth_drafting_and_probes_when_nothing_pays():
     policy = AdaptiveVerify(STEEP, probe_every=4)
-    assert policy.draft_now()  # nothing known yet
-    for _ in range(30):
+    assert 0 < policy.draft_length(7) < 7 and policy.draft_length(0) == 0  # prior: half the drafts pass
+    for _ in range(60):
         policy.update(torch.full((7,), 0.5), verified=3, accepted=0, drafter_s=0.5)
-    decisions = [policy.draft_now() for _ in range(12)]
-    assert decisions == [False, False, False, True] * 3
-    for gap in (8, 16, 32, 32):  # probes that do not pay double the interval, up to 8x
-        policy.update(torch.full((7,), 0.5), verified=1, accepted=0, drafter_s=0.5)
-        decisions = [policy.draft_now() for _ in range(gap)]
-        assert decisions == [False] * (gap - 1) + [True]
-    for _ in range(40):
+    gaps = []
+    for _ in range(4):  # plain cycles, then a probe drafting every slot; probes that fail wait longer
+        decisions = [policy.draft_length(7)]
+        while decisions[-1] == 0 and len(decisions) < 40:
+            decisions.append(policy.draft_length(7))
+        gaps.append(len(decisions))
+        assert decisions[-1] == 7
+        policy.update(torch.full((7,), 0.5), verified=7, accepted=0, drafter_s=0.5)
+    assert gaps == [4, 8, 16, 16]
+    for _ in range(150):  # the text turned predictable: recent history wins over the old failures
         policy.update(torch.full((7,), 0.9), verified=7, accepted=7, drafter_s=0.1)
-    assert all(policy.draft_now() for _ in range(5))
+    assert policy.draft_length(7) == 3  # STEEP: beyond 3 drafts the verify costs more than they add
+    flat = AdaptiveVerify({q: 1.0 for q in range(1, 9)})
+    for _ in range(150):
+        flat.update(torch.full((7,), 0.9), verified=7, accepted=7, drafter_s=0.1)
+    assert flat.draft_length(7) == 7 and flat.draft_length(5) == 5
 
 
 def test_calibration_counts_only_tested_drafts():

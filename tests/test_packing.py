@@ -115,3 +115,22 @@ def test_stock_model_is_a_dense_copy_with_the_same_outputs(tiny_target_dir):
 def test_compile_and_pack_together_are_refused():
     with pytest.raises(InvalidArgumentError, match="compile"):
         Pipeline.load("does-not-matter", compile="default", pack=True)
+
+
+@needs_packing
+def test_packed_drafter_drafts_the_same_and_refuses_to_be_saved(tmp_path):
+    from blockdraft.checkpoint import save_drafter
+    from blockdraft.drafter import DraftCache
+
+    target = FastTarget(tiny_hf_model("qwen3", dtype=torch.float32))
+    dense, packed = tiny_drafter(target, block_size=6), tiny_drafter(target, block_size=6)
+    assert packed.pack() and packed.packed and not dense.packed
+    target.set_feature_layers(dense.config.target_layer_ids)
+    _, feats = target.forward(torch.randint(0, 95, (1, 10)), target.new_cache(), 0)
+    block = target.embedding(torch.full((1, 6), 95))
+    with torch.inference_mode():
+        a = dense.draft(block, 10, feats, DraftCache(2))
+        b = packed.draft(block, 10, feats, DraftCache(2))
+    assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(InvalidArgumentError, match="prepacked"):
+        save_drafter(packed, tmp_path / "d")
