@@ -50,7 +50,7 @@ def cost_key(target: TargetModel, max_tokens: int, context: int) -> str:
     device = target.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{torch.get_num_threads()}"
     blob = json.dumps([shape, type(target).__name__, name, str(target.dtype), max_tokens, context]
-                      + (["packed"] if target.packed else []), sort_keys=True)
+                      + (["packed, fused q/k/v and gate/up"] if target.packed else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blockdraft.packing import PackedLinear, fuse_linears, packing_available
 from blockdraft.target import TargetModel
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
@@ -76,6 +77,18 @@ class FastTarget(TargetModel):
         self.n_kv = model.config.num_key_value_heads
         self.scaling = attn.scaling
         self.has_qk_norm = hasattr(attn, "q_norm")
+        self.qkv_widths = [model.config.num_attention_heads * self.head_dim] + [self.n_kv * self.head_dim] * 2
+        self._fused: list[tuple[PackedLinear, PackedLinear]] = []  # per layer: (q|k|v, gate|up), once packed
+
+    def pack(self) -> bool:
+        """Packing (see TargetModel.pack), with each layer's q/k/v and gate/up projections fused into one
+        packed layer apiece (two calls per layer fewer). The Hugging Face modules get `Slice`s of them, so
+        the model's own forward keeps working."""
+        if self.packed or self.device.type != "cpu" or not packing_available(self.dtype):
+            return self.packed
+        self._fused = [(fuse_linears(layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                        fuse_linears(layer.mlp, ("gate_proj", "up_proj"))) for layer in self.layers]
+        return super().pack()
 
     def set_feature_layers(self, layer_ids: list[int]) -> None:
         super().set_feature_layers(layer_ids)
@@ -117,7 +130,7 @@ class FastTarget(TargetModel):
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer, layer.input_layernorm(x), cache, positions, row_idx, contiguous,
                                     span, cos, sin, mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
             if i in wanted:
                 captured[i] = x
         for r, s in zip(row_idx.tolist() if not contiguous else range(b), starts):
@@ -131,9 +144,13 @@ class FastTarget(TargetModel):
                    mask: torch.Tensor | None) -> torch.Tensor:
         attn = layer.self_attn
         b, q, _ = h.shape
-        qs = attn.q_proj(h).view(b, q, -1, self.head_dim)
-        ks = attn.k_proj(h).view(b, q, -1, self.head_dim)
-        vs = attn.v_proj(h).view(b, q, -1, self.head_dim)
+        if self._fused:
+            qs, ks, vs = self._fused[i][0](h).split(self.qkv_widths, dim=-1)
+        else:
+            qs, ks, vs = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        qs = qs.view(b, q, -1, self.head_dim)
+        ks = ks.view(b, q, -1, self.head_dim)
+        vs = vs.view(b, q, -1, self.head_dim)
         if self.has_qk_norm:
             qs, ks = attn.q_norm(qs), attn.k_norm(ks)
         qs = _rotate(qs.transpose(1, 2), cos, sin)
@@ -147,3 +164,10 @@ class FastTarget(TargetModel):
         out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
                                              enable_gqa=qs.shape[1] != keys.shape[1])
         return attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))
+
+    def _mlp(self, i: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        mlp = layer.mlp
+        if not self._fused:
+            return mlp(h)
+        gate, up = self._fused[i][1](h).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)

@@ -56,6 +56,18 @@ class PackedLinear(nn.Module):
         # the dense weight, when kept, is the original Parameter (ties with an embedding survive)
         self.weight = linear.weight if keep_dense else None
 
+    @classmethod
+    def fuse(cls, linears: list[nn.Linear]) -> "PackedLinear":
+        """One packed layer computing several linears of the same input, outputs concatenated in order."""
+        fused = nn.Linear(linears[0].in_features, sum(x.out_features for x in linears),
+                          bias=any(x.bias is not None for x in linears), device="meta")
+        fused.weight = nn.Parameter(torch.cat([x.weight.detach() for x in linears]), requires_grad=False)
+        if fused.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([x.bias.detach() if x.bias is not None else
+                                                 x.weight.new_zeros(x.out_features) for x in linears]),
+                                      requires_grad=False)
+        return cls(fused)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             if self.weight is None:
@@ -65,6 +77,29 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Slice(nn.Module):
+    """One projection's share of a fused packed layer (output columns start..stop-1), so modules that call
+    the projections one by one (the Hugging Face forward) keep working; fused callers use the whole output."""
+
+    def __init__(self, fused: PackedLinear, start: int, stop: int) -> None:
+        super().__init__()
+        self.fused, self.start, self.stop = fused, start, stop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused(x)[..., self.start:self.stop]
+
+
+def fuse_linears(parent: nn.Module, names: tuple[str, ...]) -> PackedLinear:
+    """Fuse `parent`'s linears `names` into one packed layer; each name becomes a `Slice` of it."""
+    linears = [getattr(parent, n) for n in names]
+    fused = PackedLinear.fuse(linears)
+    start = 0
+    for name, lin in zip(names, linears):
+        setattr(parent, name, Slice(fused, start, start + lin.out_features))
+        start += lin.out_features
+    return fused
 
 
 def pack_linears(model: nn.Module, keep_dense: tuple[nn.Module, ...] = ()) -> int:

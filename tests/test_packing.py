@@ -9,7 +9,7 @@ from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.fast_target import FastTarget
 from blockdraft.memory import memory_report
-from blockdraft.packing import PackedLinear, pack_linears, packed_bytes, packing_available
+from blockdraft.packing import PackedLinear, Slice, pack_linears, packed_bytes, packing_available
 from blockdraft.stats import GenerationStats
 from blockdraft.target import TargetModel
 from tests.conftest import tiny_drafter, tiny_hf_model
@@ -134,3 +134,19 @@ def test_packed_drafter_drafts_the_same_and_refuses_to_be_saved(tmp_path):
     assert torch.allclose(a, b, atol=1e-5)
     with pytest.raises(InvalidArgumentError, match="prepacked"):
         save_drafter(packed, tmp_path / "d")
+
+
+@needs_packing
+def test_fused_projections_keep_the_hugging_face_forward_working():
+    model = tiny_hf_model("qwen2", dtype=torch.float32, layers=2)  # qwen2: q/k/v have biases
+    ids = torch.randint(0, 96, (1, 7))
+    with torch.inference_mode():
+        before = model(ids).logits
+        target = FastTarget(model)
+        target.pack()
+        assert len(target._fused) == 2 and isinstance(model.model.layers[0].self_attn.q_proj, Slice)
+        assert torch.allclose(model(ids).logits, before, atol=1e-4)  # the HF forward, through the slices
+        assert torch.allclose(target.forward(ids, target.new_cache(), 0, features=False)[0], before, atol=1e-4)
+    dense = sum(p.numel() * 4 for p in tiny_hf_model("qwen2", dtype=torch.float32, layers=2).parameters())
+    head = 96 * 32 * 4  # the LM head stays dense (the drafter reads it) and is packed as well
+    assert packed_bytes(model) + sum(p.numel() * 4 for p in model.parameters()) == dense + head
