@@ -6,14 +6,17 @@ a_k = estimated probability that draft k is accepted given drafts 1..k-1 were,
 
     E[committed | verify n] = 1 + sum_{k<=n} prod_{j<=k} a_j,     rate(n) = E[...] / (c(n + 1) + d)
 
-(d = the drafter forward), and n = argmax rate(n) over 0..N. a_k comes from the drafter's own confidence
+(d = the drafter forward), and n = the shortest length within `tolerance` (1%) of the best rate over 0..N
+(drafts that add less than the cost curve's own timing noise are not worth verifying). a_k comes from the drafter's own confidence
 (the largest probability of its distribution at slot k) through a calibration table learned online from
 what the target actually accepted (Beta-smoothed counts per confidence bin).
 
 Before drafting, the same rate with a_k = the recent acceptance rate of slot k (decayed counts over past
 cycles) decides how many slots to draft at all: the drafter's cost is only worth paying for slots that may
 be verified, and when no draft length beats plain decoding (1 / c(1)) the cycle decodes plainly, drafting
-only every `probe_every` cycles to keep learning (the interval doubling, up to 4x, while probes do not pay).
+only every `probe_every` cycles (a few slots, one row of a batch) to keep learning; the interval doubles,
+up to 4x, while probes do not pay. In a batch the verify forward is compute-bound sooner, so the costs are
+those of the whole batch's forward per row.
 
 Lossless by construction: n is a function of the drafter's distributions and of past cycles only, never of
 the sampled draft tokens, so speculative sampling over the first n drafts is exact for any such n (choosing
@@ -26,9 +29,12 @@ import torch
 from blockdraft.errors import InvalidArgumentError
 
 
+PROBE_DRAFTS = 4  # a probe drafts this many slots (in a batch, every row's verify is padded to the longest)
+
+
 class AdaptiveVerify:
     def __init__(self, cost: dict[int, float], bins: int = 10, prior: tuple[float, float] = (1.0, 1.0),
-                 momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98) -> None:
+                 momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98, tolerance: float = 0.01) -> None:
         if 1 not in cost or any(c <= 0 for c in cost.values()):
             raise InvalidArgumentError(f"cost curve {cost}: expected positive seconds for q = 1..B")
         self.cost = torch.tensor([cost[q] for q in sorted(cost)], dtype=torch.float64)  # cost[q-1] = c(q)
@@ -38,7 +44,7 @@ class AdaptiveVerify:
         n = self.max_drafts
         self.slot_passed = torch.full((n,), prior[0], dtype=torch.float64)  # decayed per-slot history
         self.slot_tested = torch.full((n,), prior[0] + prior[1], dtype=torch.float64)
-        self.prior, self.decay = prior, decay
+        self.prior, self.decay, self.tolerance = prior, decay, tolerance
         self.momentum, self.probe_every = momentum, probe_every
         self.drafter_s = 0.0
         self.skipped, self.interval = 0, probe_every
@@ -65,22 +71,40 @@ class AdaptiveVerify:
 
     def choose(self, confidence: torch.Tensor) -> int:
         """How many of the drafts (confidence (N,) = the drafter's max probability per slot) to verify."""
-        return int(self.expected_rate(confidence).argmax())
+        return self._shortest_near_best(self.expected_rate(confidence))
 
-    def draft_length(self, limit: int) -> int:
+    def _shortest_near_best(self, rate: torch.Tensor) -> int:
+        """The first index whose rate is within `tolerance` of the largest."""
+        return int((rate >= rate.max() * (1 - self.tolerance)).nonzero()[0])
+
+    def cost_of(self, tokens: int) -> float:
+        """c(tokens), extrapolated linearly past the measured range from the curve's upper half (batched
+        verifies of many rows are compute-bound, so their cost grows linearly with the tokens)."""
+        q_max = self.cost.numel()
+        if tokens <= q_max:
+            return float(self.cost[tokens - 1])
+        half = max(1, q_max // 2)
+        slope = max(0.0, float(self.cost[-1] - self.cost[half - 1]) / max(1, q_max - half))
+        return float(self.cost[-1]) + (tokens - q_max) * slope
+
+    def draft_length(self, limit: int, rows: int = 1) -> int:
         """How many slots (<= limit) to draft this cycle, from the recent acceptance of each slot; 0 = decode
-        plainly. A drafting cycle costs c(n + 1) + d, a plain one c(1)."""
+        plainly. Per row, with `rows` rows in the verify forward: drafting n costs c(rows (n + 1)) / rows + d,
+        a plain step c(rows) / rows (a batch's plain step is already compute-bound, drafts are not free)."""
         if limit <= 0:
             return 0
-        history = self._rate(self.slot_passed / self.slot_tested)[: limit + 1]
-        best = int(history[1:].argmax()) + 1
-        if history[best] >= 1.0 / float(self.cost[0]):  # beats a plain step
+        accept = (self.slot_passed / self.slot_tested)[:limit]
+        committed = 1 + torch.cumsum(torch.cumprod(accept, 0), 0)  # n = 1..limit
+        cost = torch.tensor([self.cost_of(rows * (n + 1)) / rows for n in range(1, limit + 1)], dtype=torch.float64)
+        history = committed / (cost + self.drafter_s)
+        best = self._shortest_near_best(history) + 1
+        if history[best - 1] >= rows / self.cost_of(rows):  # beats a plain step
             self.skipped, self.interval = 0, self.probe_every
             return best
-        self.skipped += 1
-        if self.skipped >= self.interval:  # a probe: draft anyway, and wait longer before the next one
+        self.skipped += 1 / rows  # counted in cycles: every row of a batch asks once per cycle
+        if self.skipped >= self.interval:  # a probe: draft a few slots, and wait longer before the next one
             self.skipped, self.interval = 0, min(2 * self.interval, 4 * self.probe_every)
-            return limit
+            return min(limit, PROBE_DRAFTS)
         return 0
 
     def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:

@@ -93,7 +93,7 @@ class BatchEngine:
         device = target.device
         t0 = now(device)
         states = [slots[r].state for r in active]
-        props = [engine.propose(s) for s in states]
+        props = [engine.propose(s, rows=len(active)) for s in states]
         width = 1 + max(p.drafts.numel() for p in props)
         ids = torch.empty(len(active), width, dtype=torch.long, device=device)
         for i, (s, p) in enumerate(zip(states, props)):

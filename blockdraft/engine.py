@@ -158,11 +158,12 @@ class SpeculativeEngine:
         seq.done = not self._continues(seq)
         return [seq.token]
 
-    def propose(self, seq: DecodeState) -> Proposal:
-        """Draft after the last committed token; with an adaptive policy keep only the prefix that pays."""
+    def propose(self, seq: DecodeState, rows: int = 1) -> Proposal:
+        """Draft after the last committed token; with an adaptive policy keep only the prefix that pays
+        (`rows`: how many rows share the verify forward, which changes what drafting costs)."""
         n = min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
         if seq.policy is not None:
-            n = seq.policy.draft_length(n)
+            n = seq.policy.draft_length(n, rows)
         if n <= 0:
             return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
         spent = seq.stats.drafter_time

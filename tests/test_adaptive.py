@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.adaptive import AdaptiveVerify
+from blockdraft.adaptive import PROBE_DRAFTS, AdaptiveVerify
 from blockdraft.engine import SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.sampling import SamplingParams
@@ -30,7 +30,7 @@ def test_verifies_more_drafts_when_they_are_likely_accepted():
     policy.accepted[:], policy.tested[:] = 98, 100
     assert policy.choose(torch.full((7,), 0.99)) == 2  # 16 tokens cost 5x one: long verifies do not pay
     flat = AdaptiveVerify({q: 1.0 for q in range(1, 9)})  # a GPU: verifying more is free, so verify all
-    assert flat.choose(torch.full((7,), 0.3)) == 7
+    assert flat.choose(torch.full((7,), 0.3)) == 6  # all but the 7th, which adds < 1% (the noise tolerance)
 
 
 def test_drafts_only_the_slots_worth_drafting_and_probes_when_nothing_pays():
@@ -39,17 +39,17 @@ def test_drafts_only_the_slots_worth_drafting_and_probes_when_nothing_pays():
     for _ in range(60):
         policy.update(torch.full((7,), 0.5), verified=3, accepted=0, drafter_s=0.5)
     gaps = []
-    for _ in range(4):  # plain cycles, then a probe drafting every slot; probes that fail wait longer
+    for _ in range(4):  # plain cycles, then a probe drafting a few slots; probes that fail wait longer
         decisions = [policy.draft_length(7)]
         while decisions[-1] == 0 and len(decisions) < 40:
             decisions.append(policy.draft_length(7))
         gaps.append(len(decisions))
-        assert decisions[-1] == 7
+        assert decisions[-1] == PROBE_DRAFTS
         policy.update(torch.full((7,), 0.5), verified=7, accepted=0, drafter_s=0.5)
     assert gaps == [4, 8, 16, 16]
     for _ in range(150):  # the text turned predictable: recent history wins over the old failures
         policy.update(torch.full((7,), 0.9), verified=7, accepted=7, drafter_s=0.1)
-    assert policy.draft_length(7) == 3  # STEEP: beyond 3 drafts the verify costs more than they add
+    assert policy.draft_length(7) in (2, 3)  # STEEP: beyond 3 drafts the verify costs more than they add
     flat = AdaptiveVerify({q: 1.0 for q in range(1, 9)})
     for _ in range(150):
         flat.update(torch.full((7,), 0.9), verified=7, accepted=7, drafter_s=0.1)
@@ -126,3 +126,21 @@ def _counts(engine) -> np.ndarray:
                         sampling=SamplingParams(temperature=1.0, seed=seed))
         counts[tuple(out)] += 1
     return counts
+
+
+def test_a_batch_drafts_only_when_its_compute_bound_verify_still_pays():
+    cpu = {q: 1.0 + (0.0 if q <= 8 else 0.06 * (q - 8)) for q in range(1, 17)}  # flat, then linear
+    policy = AdaptiveVerify(cpu)
+    for _ in range(100):  # about 40% of slot 1 and half of the later ones pass
+        for accepted in (0, 0, 0, 1, 3):
+            policy.update(torch.full((15,), 0.5), verified=15, accepted=accepted, drafter_s=0.1)
+    assert policy.cost_of(32) == pytest.approx(1.48 + 16 * 0.06)  # extrapolated from the upper half
+    assert policy.draft_length(15, rows=1) > 0  # one row: verifying a few drafts is almost free
+    assert all(policy.draft_length(15, rows=8) == 0 for _ in range(5))  # 8 rows x drafts: compute-bound
+    policy.skipped, policy.interval = 0, 2
+    calls = [policy.draft_length(15, rows=8) for _ in range(16)]  # two cycles of 8 rows: one probe, one row
+    assert calls == [0] * 15 + [PROBE_DRAFTS]
+    gpu = AdaptiveVerify({q: 1.0 for q in range(1, 17)})
+    for _ in range(100):
+        gpu.update(torch.full((15,), 0.5), verified=15, accepted=3, drafter_s=0.01)
+    assert gpu.draft_length(15, rows=8) > 0

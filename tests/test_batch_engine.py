@@ -45,6 +45,10 @@ def test_each_row_decodes_what_it_decodes_alone(arch, rows, monkeypatch):
     # frozen: a learning policy would see the requests in another order when batched, and sampled rows
     # consume their random streams according to the verify lengths it picks
     monkeypatch.setattr(policy, "update", lambda *a, **k: None)
+    # and blind to the batch: a batch-aware draft length (tested in test_adaptive) may differ from the solo
+    # one, which changes how sampled rows use their random streams (same distribution, other tokens)
+    one_row = policy.draft_length
+    monkeypatch.setattr(policy, "draft_length", lambda limit, rows=1: one_row(limit))
     engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8), policy=policy)
     ps, opts = prompts(7, seed=rows), mixed_options(7)
     alone = [solo(engine, p, o) for p, o in zip(ps, opts)]
@@ -83,3 +87,13 @@ def test_batched_sampling_has_the_targets_distribution():
     for _, tokens, _ in BatchEngine(engine, rows=16).run([PROMPT] * len(opts), opts):
         counts[tuple(tokens)] += 1
     assert chi_square_pvalue(counts, exact_joint(model)) > 1e-3
+
+
+def test_greedy_rows_equal_solo_under_the_learning_batch_aware_policy():
+    target = FastTarget(tiny_hf_model("qwen3", head_scale=3.0))
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8),
+                               policy=AdaptiveVerify({q: 1 + 0.15 * q for q in range(1, 9)}))
+    ps = prompts(6, seed=4)
+    opts = [DecodeOptions(max_new_tokens=20, verify="adaptive") for _ in ps]
+    alone = [solo(engine, p, o)[0] for p, o in zip(ps, opts)]
+    assert [tokens for tokens, _ in batched(engine, ps, opts, 4)] == alone

@@ -4,7 +4,7 @@ Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
     dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.adaptive`)
     dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
-                      path (methods: dflash_hf), to measure what the fast path buys (same linear kernels)
+                      path, on the stock dense layers (methods: dflash_hf): what the fast path buys
     no_draft          plain autoregressive decoding through our engine (the same target forward)
     hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache), on the
                       stock dense layers even when our engine runs prepacked ones (`blockdraft.packing`)
@@ -129,8 +129,9 @@ def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, s
 
 
 def _hf_path_engine(pipe: Pipeline) -> SpeculativeEngine:
-    """The same target weights and drafter through the Hugging Face adapter (hooks, DynamicCache)."""
-    return SpeculativeEngine(TargetModel(pipe.target.model, pipe.tokenizer), pipe.drafter)
+    """The same target weights and drafter through the Hugging Face adapter (hooks, DynamicCache), on the
+    stock dense layers: what the fast path (our loop, static cache, packed kernels) buys over it."""
+    return SpeculativeEngine(TargetModel(pipe.target.stock_model(), pipe.tokenizer), pipe.drafter)
 
 
 def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
