@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from blockdraft.config import DrafterConfig
-from blockdraft.packing import pack_linears, packing_available
+from blockdraft.packing import can_pack, pack_linears
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (b, Hkv, C, d) each
 Mask = Union[torch.Tensor, BlockMask, None]  # dense bool (b, 1, Q, Kv), a flex BlockMask, or all visible
@@ -258,7 +258,7 @@ class Drafter(nn.Module):
         """Prepack the decoder layers' linears for CPU inference (`blockdraft.packing`), in place; k_proj and
         v_proj keep their dense weights too (the stacked context projection reads them). A packed drafter
         cannot be trained or saved. False where packing does not apply."""
-        if self.packed or self.device.type != "cpu" or not packing_available(self.dtype):
+        if self.packed or not can_pack(self.device, self.dtype):
             return self.packed
         kv = tuple(p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj))
         pack_linears(self.layers, keep_dense=kv)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blockdraft.packing import PackedLinear, fuse_linears, packing_available
+from blockdraft.packing import PackedLinear, can_pack, fuse_linears
 from blockdraft.target import TargetModel
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
@@ -84,7 +84,7 @@ class FastTarget(TargetModel):
         """Packing (see TargetModel.pack), with each layer's q/k/v and gate/up projections fused into one
         packed layer apiece (two calls per layer fewer). The Hugging Face modules get `Slice`s of them, so
         the model's own forward keeps working."""
-        if self.packed or self.device.type != "cpu" or not packing_available(self.dtype):
+        if self.packed or not can_pack(self.device, self.dtype):
             return self.packed
         self._fused = [(fuse_linears(layer.self_attn, ("q_proj", "k_proj", "v_proj")),
                         fuse_linears(layer.mlp, ("gate_proj", "up_proj"))) for layer in self.layers]

@@ -41,6 +41,11 @@ def packing_available(dtype: torch.dtype = torch.float32) -> bool:
     return ok
 
 
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether weights on `device` in `dtype` can be packed here (a CPU, and a build that runs the ops)."""
+    return device.type == "cpu" and packing_available(dtype)
+
+
 class PackedLinear(nn.Module):
     """`nn.Linear` with its weight prepacked for oneDNN; inference only."""
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from blockdraft.errors import IncompatibleModelsError
-from blockdraft.packing import pack_linears, packing_available
+from blockdraft.packing import can_pack, pack_linears
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class TargetModel:
     def pack(self) -> bool:
         """Prepack the linear layers for CPU inference (`blockdraft.packing`), in place; the LM head keeps its
         dense weight too (the drafter scores sub-vocabularies with it). False where packing does not apply."""
-        if self.packed or self.device.type != "cpu" or not packing_available(self.dtype):
+        if self.packed or not can_pack(self.device, self.dtype):
             return self.packed
         count = pack_linears(self.model, keep_dense=(self.lm_head,))
         log.info("prepacked %d linear layers for CPU inference", count)
