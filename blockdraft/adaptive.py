@@ -7,9 +7,9 @@ a_k = estimated probability that draft k is accepted given drafts 1..k-1 were,
     E[committed | verify n] = 1 + sum_{k<=n} prod_{j<=k} a_j,     rate(n) = E[...] / (c(n + 1) + d)
 
 (d = the drafter forward), and n = the shortest length within `tolerance` (1%) of the best rate over 0..N
-(drafts that add less than the cost curve's own timing noise are not worth verifying). a_k comes from the drafter's own confidence
-(the largest probability of its distribution at slot k) through a calibration table learned online from
-what the target actually accepted (Beta-smoothed counts per confidence bin).
+(drafts that add less than the cost curve's own timing noise are not worth verifying). a_k comes from the
+drafter's own confidence (the largest probability of its distribution at slot k) through a calibration
+table learned online from what the target actually accepted (Beta-smoothed counts per confidence bin).
 
 Before drafting, the same rate with a_k = the recent acceptance rate of slot k (decayed counts over past
 cycles) decides how many slots to draft at all: the drafter's cost is only worth paying for slots that may
@@ -58,12 +58,15 @@ class AdaptiveVerify:
         b = (confidence.double().clamp(0, 1) * self.bins).long().clamp_max(self.bins - 1).cpu()
         return self.accepted[b] / self.tested[b]
 
-    def _rate(self, accept: torch.Tensor) -> torch.Tensor:
-        """(N + 1,) expected committed tokens per second verifying n = 0..N drafts of acceptance `accept` (N,)."""
+    def _rate(self, accept: torch.Tensor, rows: int = 1) -> torch.Tensor:
+        """(N + 1,) expected committed tokens per second per row, verifying n = 0..N drafts of acceptance
+        `accept` (N,), with `rows` rows sharing the verify forward (each pays c(rows (n + 1)) / rows + d)."""
         n_max = min(accept.numel(), self.max_drafts)
         reach = torch.cumprod(accept[:n_max], 0)
         committed = 1 + torch.cat([reach.new_zeros(1), torch.cumsum(reach, 0)])
-        return committed / (self.cost[: n_max + 1] + self.drafter_s)
+        cost = self.cost[: n_max + 1] if rows == 1 else torch.tensor(
+            [self.cost_of(rows * (n + 1)) / rows for n in range(n_max + 1)], dtype=torch.float64)
+        return committed / (cost + self.drafter_s)
 
     def expected_rate(self, confidence: torch.Tensor) -> torch.Tensor:
         """(N + 1,) expected committed tokens per second when verifying n = 0..N drafts of this block."""
@@ -93,10 +96,7 @@ class AdaptiveVerify:
         a plain step c(rows) / rows (a batch's plain step is already compute-bound, drafts are not free)."""
         if limit <= 0:
             return 0
-        accept = (self.slot_passed / self.slot_tested)[:limit]
-        committed = 1 + torch.cumsum(torch.cumprod(accept, 0), 0)  # n = 1..limit
-        cost = torch.tensor([self.cost_of(rows * (n + 1)) / rows for n in range(1, limit + 1)], dtype=torch.float64)
-        history = committed / (cost + self.drafter_s)
+        history = self._rate(self.slot_passed / self.slot_tested, rows)[1: limit + 1]  # n = 1..limit
         best = self._shortest_near_best(history) + 1
         if history[best - 1] >= rows / self.cost_of(rows):  # beats a plain step
             self.skipped, self.interval = 0, self.probe_every

@@ -159,7 +159,7 @@ def load_target(spec: str = DEFAULT_TARGET, *, device: str | None = None, dtype:
 
 def add_pack_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pack", action="store_true",
-                        help="keep the target's linear layers dense on CPU (default: prepacked, see blockdraft.packing)")
+                        help="keep the linear layers dense on CPU (default: prepacked, see blockdraft.packing)")
 
 
 def pack_choice(args: argparse.Namespace) -> bool | None:
