@@ -1,7 +1,7 @@
 """Batched speculative decoding: many requests, one target verify forward per cycle for all of them.
 
     each cycle: every active row drafts (its own block size, verify length, sampling parameters and
-    generator) -> one target forward over all rows, [token, drafts, padding] each, at the rows' own
+    generator; the drafted slots of all rows share one LM-head matmul) -> one target forward over all rows, [token, drafts, padding] each, at the rows' own
     positions -> each row verifies and commits on its own -> cache rows roll back to their committed
     lengths (free: the static cache keeps per-row lengths) -> finished rows leave, queued requests take
     their cache rows at once (continuous batching; a new row's prefill runs alone).
@@ -93,7 +93,7 @@ class BatchEngine:
         device = target.device
         t0 = now(device)
         states = [slots[r].state for r in active]
-        props = [engine.propose(s, rows=len(active)) for s in states]
+        props = engine.propose_many(states)
         width = 1 + max(p.drafts.numel() for p in props)
         ids = torch.empty(len(active), width, dtype=torch.long, device=device)
         for i, (s, p) in enumerate(zip(states, props)):

@@ -161,15 +161,60 @@ class SpeculativeEngine:
     def propose(self, seq: DecodeState, rows: int = 1) -> Proposal:
         """Draft after the last committed token; with an adaptive policy keep only the prefix that pays
         (`rows`: how many rows share the verify forward, which changes what drafting costs)."""
+        return self.propose_many([seq], rows)[0]
+
+    def propose_many(self, seqs: list[DecodeState], rows: int | None = None) -> list[Proposal]:
+        """`propose` for several requests: each runs its own drafter layers, and the drafted slots of all of
+        them go through the LM head in one matmul (the head is most of a drafter call's weight traffic)."""
+        rows = len(seqs) if rows is None else rows
+        lengths = [self._draft_length(s, rows) for s in seqs]
+        before = [s.stats.drafter_time for s in seqs]
+        t0 = now(self.target.device)
+        hidden = [self._draft_hidden(s, n) for s, n in zip(seqs, lengths) if n > 0]
+        layers_s = now(self.target.device) - t0
+        logits = self.drafter.logits(torch.cat(hidden), self.target.lm_head).split(
+            [n for n in lengths if n > 0]) if hidden else []
+        share = (now(self.target.device) - t0 - layers_s) / max(1, len(hidden))  # the head's time, split evenly
+        drafting = iter(logits)
+        return [self._proposal(s, next(drafting), share, spent) if n > 0 else self._no_draft()
+                for s, n, spent in zip(seqs, lengths, before)]
+
+    def _draft_length(self, seq: DecodeState, rows: int) -> int:
         n = min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
-        if seq.policy is not None:
-            n = seq.policy.draft_length(n, rows)
-        if n <= 0:
-            return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
-        spent = seq.stats.drafter_time
-        drafts, q, confidence = self._draft(seq.token, seq.start, n, seq.pending, seq.draft_cache,
-                                            seq.options.sampling, seq.gen, seq.stats)
+        return seq.policy.draft_length(n, rows) if seq.policy is not None and n > 0 else n
+
+    def _no_draft(self) -> Proposal:
+        return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
+
+    def _draft_hidden(self, seq: DecodeState, n: int) -> torch.Tensor:
+        """One drafter forward over [token, MASK x n] at the request's position -> hidden states (n, D) of the
+        masked slots; the committed features waiting for the draft cache go into it."""
+        t0 = now(self.target.device)
+        drafter = self.drafter
+        ids = torch.full((1, n + 1), drafter.config.mask_token_id, device=self.target.device)
+        ids[0, 0] = seq.token
+        hidden = drafter.draft(self.target.embedding(ids), seq.start, seq.pending, seq.draft_cache)
         seq.pending = seq.pending[:, :0]
+        seq.stats.drafter_forwards += 1
+        seq.stats.drafter_time += now(self.target.device) - t0
+        return hidden[0, 1:]
+
+    def _proposal(self, seq: DecodeState, logits: torch.Tensor, head_s: float, spent: float) -> Proposal:
+        """Drafts from the drafter's logits (n, V) of one request: the tokens (n,), their distributions (n, V)
+        (None at T = 0) and the drafter's confidence per slot (n,): its largest probability there. An
+        adaptive policy then keeps the prefix that pays. `spent`: the request's drafter time before this call."""
+        t0 = now(self.target.device)
+        params, gen = seq.options.sampling, seq.gen
+        if params.greedy:
+            drafts, q = logits.argmax(-1), None
+        elif params.draft == "greedy":
+            drafts = logits.argmax(-1)
+            q = one_hot(drafts, logits.shape[-1], torch.float32)
+        else:
+            q = probabilities(logits, params)
+            drafts = sample_index(q, uniforms(logits.shape[0], gen, q.device))
+        confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
+        seq.stats.drafter_time += head_s + now(self.target.device) - t0
         prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent)
         if seq.policy is not None:
             keep = seq.policy.choose(confidence)
@@ -219,30 +264,6 @@ class SpeculativeEngine:
         if self.policy is None:
             self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.drafter.config.block_size))
         return self.policy
-
-    def _draft(self, token: int, start: int, n: int, pending: torch.Tensor, draft_cache: DraftCache,
-               params: SamplingParams, gen: torch.Generator | None,
-               stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """One drafter forward over [token, MASK x n] -> n draft tokens (n,), their distributions (n, V)
-        (None at T = 0) and the drafter's confidence per slot (n,): its largest probability there."""
-        t0 = now(self.target.device)
-        drafter = self.drafter
-        ids = torch.full((1, n + 1), drafter.config.mask_token_id, device=self.target.device)
-        ids[0, 0] = token
-        hidden = drafter.draft(self.target.embedding(ids), start, pending, draft_cache)
-        logits = drafter.logits(hidden[0, 1:], self.target.lm_head)  # (n, V)
-        if params.greedy:
-            drafts, q = logits.argmax(-1), None
-        elif params.draft == "greedy":
-            drafts = logits.argmax(-1)
-            q = one_hot(drafts, logits.shape[-1], torch.float32)
-        else:
-            q = probabilities(logits, params)
-            drafts = sample_index(q, uniforms(n, gen, q.device))
-        confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
-        stats.drafter_forwards += 1
-        stats.drafter_time += now(self.target.device) - t0
-        return drafts, q, confidence
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
         """One token from one row of logits (V,): argmax, or a draw from the truncated distribution."""

@@ -108,13 +108,19 @@ def test_choosing_the_length_from_the_drawn_tokens_would_be_detected(monkeypatch
     """Why the policy only sees the drafter's distributions: verifying a draft only when the DRAWN token
     is a particular one biases the output, and the statistical test catches it."""
     engine, joint = _adaptive_sampling_engine()
-    real_draft = SpeculativeEngine._draft
+    real_proposal = SpeculativeEngine._proposal
+    favourite = int(np.argmax(joint.sum((1, 2))))
 
-    def token_dependent(self, *args, **kw):
-        drafts, q, _ = real_draft(self, *args, **kw)
-        return drafts, q, (drafts == drafts.new_tensor(int(np.argmax(joint.sum((1, 2)))))).float()
+    def token_dependent(self, seq, *args):
+        policy, seq.policy = seq.policy, None
+        prop = real_proposal(self, seq, *args)  # all drafts, before any choice
+        seq.policy = policy
+        prop.confidence = (prop.drafts == favourite).float()
+        keep = policy.choose(prop.confidence)
+        prop.drafts, prop.q = prop.drafts[:keep], prop.q[:keep]
+        return prop
 
-    monkeypatch.setattr(SpeculativeEngine, "_draft", token_dependent)
+    monkeypatch.setattr(SpeculativeEngine, "_proposal", token_dependent)
     monkeypatch.setattr(engine.policy, "update", lambda *a, **k: None)
     assert chi_square_pvalue(_counts(engine), joint) < 1e-3
 

@@ -68,6 +68,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--vocab", choices=("full", "data"), default="full",
                    help="score all tokens in the loss, or only the data's label tokens + --vocab-negatives")
     t.add_argument("--vocab-negatives", type=int, default=2048)
+    t.add_argument("--distill", type=float, default=0.0, metavar="ALPHA",
+                   help="weight of the target's top-k next-token distribution in each slot's loss, in (0, 1] "
+                        "(0: greedy labels only); needs --features online")
+    t.add_argument("--distill-topk", type=int, default=16)
     t.add_argument("--limit", type=int, default=None, help="use at most this many training sequences")
     t.add_argument("--save-every", type=int, default=200)
     t.add_argument("--log-every", type=int, default=10)
@@ -152,7 +156,7 @@ def run_train(args: argparse.Namespace) -> int:
     elif args.features == "memory":
         features = MemoryFeatures(target, sequences, dtype=target.dtype)
     else:
-        features = OnlineFeatures(target)
+        features = OnlineFeatures(target, teacher_k=args.distill_topk if args.distill else 0)
     heldout = [r["messages"][:-1] for r in read_split(Path(args.data), "heldout")]
     eval_prompts = [encode_prompt(target.tokenizer, _as_prompt(m), {}) for m in heldout[: args.eval_prompts]]
     cfg = TrainConfig(out=str(out), epochs=args.epochs, lr=args.lr, warmup_ratio=args.warmup_ratio,
@@ -163,6 +167,7 @@ def run_train(args: argparse.Namespace) -> int:
                       time_budget=None if args.time_budget is None else
                       args.time_budget - (time.perf_counter() - started),  # loading and features count too
                       attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
+                      distill=args.distill, distill_topk=args.distill_topk,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
     final = Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)

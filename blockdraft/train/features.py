@@ -19,6 +19,7 @@ from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
 from blockdraft.target import TargetModel
 from blockdraft.train.data import Sequence
+from blockdraft.train.distill import TeacherTopK, teacher_topk
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +30,32 @@ class FeatureSource(Protocol):
 
 
 class OnlineFeatures:
-    """Runs the (frozen) target on each sequence when it is needed."""
+    """Runs the (frozen) target on each sequence when it is needed.
 
-    def __init__(self, target: TargetModel) -> None:
-        self.target = target
+    With `teacher_k` > 0 the same forward also keeps the target's top-k next-token distribution of the
+    sequence, which `teacher(seq)` hands out once (distillation, see `blockdraft.train.distill`).
+    """
+
+    def __init__(self, target: TargetModel, teacher_k: int = 0) -> None:
+        if teacher_k < 0:
+            raise InvalidArgumentError(f"teacher top-k={teacher_k}: expected >= 0")
+        self.target, self.teacher_k = target, teacher_k
+        self._teachers: dict[str, TeacherTopK] = {}
 
     def __call__(self, seq: Sequence) -> torch.Tensor:
         ids = seq.input_ids[None].to(self.target.device)
-        _, feats = self.target.forward(ids, self.target.new_cache(), 0, features=True, last_only=True)
+        logits, feats = self.target.forward(ids, self.target.new_cache(), 0, features=True,
+                                            last_only=not self.teacher_k)
+        if self.teacher_k:
+            self._teachers[seq.id] = teacher_topk(logits[0], self.teacher_k)
         return feats[0].clone()  # outside inference mode: a normal tensor autograd may use
+
+    def teacher(self, seq: Sequence) -> TeacherTopK:
+        """The top-k distribution computed with `seq`'s features (call after them; handed out once)."""
+        if seq.id not in self._teachers:
+            raise InvalidArgumentError(f"no teacher distribution for {seq.id!r}: expected OnlineFeatures("
+                                       f"teacher_k > 0) to have computed its features first")
+        return self._teachers.pop(seq.id)
 
 
 class MemoryFeatures:

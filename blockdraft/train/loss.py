@@ -6,6 +6,7 @@ sum of the weights of the supervised slots.
 earlier slots of the block are right, i.e. by how much slot k can still add to the acceptance length
 (a floor keeps late slots learning before early ones are good). It spends the gradient where tokens are
 actually accepted.
+Either can add a distillation term (`soft`, weight `alpha`): see `blockdraft.train.distill`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft.train.blocks import IGNORE
+from blockdraft.train.distill import soft_log_likelihood
 
 LOSSES = ("decay", "acceptance")
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -44,8 +46,13 @@ class LossOutput:
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, block_size: int, *, gamma: float,
-               kind: str = "decay", floor: float = 0.1) -> LossOutput:
-    """logits (b, N*B, V), labels (b, N*B) -> weighted loss and metrics."""
+               kind: str = "decay", floor: float = 0.1,
+               soft: tuple[torch.Tensor, torch.Tensor] | None = None, alpha: float = 0.0) -> LossOutput:
+    """logits (b, N*B, V), labels (b, N*B) -> weighted loss and metrics.
+
+    soft: the teacher's (probs, ids), each (b, N*B, k), ids indexing the V logits (< 0: not scored);
+    each slot's term is then (1 - alpha) x the label's log-likelihood + alpha x the teacher's.
+    """
     b, nb, vocab = logits.shape
     B = block_size
     logits = logits.view(b, nb // B, B, vocab).float()
@@ -63,7 +70,11 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, block_size: int, *, g
     elif kind != "decay":
         raise ValueError(f"loss kind {kind!r}: expected one of {LOSSES}")
     w = w * supervised
-    loss = -(w * token_logp).sum() / w.sum().clamp_min(1e-9)
+    term = token_logp
+    if soft is not None and alpha:
+        probs, ids = (t.view(b, nb // B, B, -1) for t in soft)
+        term = (1 - alpha) * token_logp + alpha * soft_log_likelihood(logp, probs.to(logp.device), ids.to(logp.device))
+    loss = -(w * term).sum() / w.sum().clamp_min(1e-9)
 
     with torch.no_grad():
         correct = (logits.argmax(-1) == labels) & supervised

@@ -38,7 +38,8 @@ from blockdraft.stats import GenerationStats
 from blockdraft.target import TargetModel
 from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, sample_anchors
 from blockdraft.train.data import Sequence
-from blockdraft.train.features import FeatureSource
+from blockdraft.train.distill import block_soft_targets
+from blockdraft.train.features import FeatureSource, OnlineFeatures
 from blockdraft.train.init import init_from_target
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
 from blockdraft.train.vocab import TrainVocab
@@ -71,6 +72,8 @@ class TrainConfig:
     attention: str = "auto"       # "flex" on CUDA, "sdpa" (dense masks) elsewhere
     vocab: str = "full"           # "full", or "data": the data's label tokens + `vocab_negatives` per step
     vocab_negatives: int = 2048
+    distill: float = 0.0          # weight of the teacher's top-k distribution in each slot's loss (0: labels only)
+    distill_topk: int = 16
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
 
@@ -212,6 +215,10 @@ class Trainer:
             raise InvalidArgumentError(f"vocab={cfg.vocab!r}: expected 'full' or 'data'")
         self.vocab = TrainVocab(sequences, target.vocab_size, cfg.vocab_negatives, cfg.seed) \
             if cfg.vocab == "data" else None
+        if cfg.distill and not (0 < cfg.distill <= 1 and isinstance(features, OnlineFeatures)
+                                and features.teacher_k > 0):
+            raise InvalidArgumentError(f"distill={cfg.distill}: expected a weight in (0, 1] and online features "
+                                       "with a teacher top-k (--features online)")
         self.forward = BlockForward(drafter)
         if self.world > 1:
             self.forward = nn.parallel.DistributedDataParallel(self.forward)
@@ -246,11 +253,20 @@ class Trainer:
                                           self.attention, rows)
             labels = blocks.labels if rows is None else self.vocab.remap(blocks.labels, rows)
             out = block_loss(logits, labels.to(device), blocks.block_size, gamma=self.gamma,
-                             kind=self.cfg.loss)
+                             kind=self.cfg.loss, soft=self._soft_targets(seqs, blocks.positions, rows),
+                             alpha=self.cfg.distill)
         (out.loss * scale).backward()
         return {"loss": out.loss.item(), "acc": out.slot_accuracy.cpu() * out.slot_counts.cpu(),
                 "counts": out.slot_counts.cpu(), "prefix": out.accepted_prefix.item(), "blocks": out.blocks.item(),
                 "tokens": sum(s.input_ids.numel() for s in seqs)}
+
+    def _soft_targets(self, seqs: list[Sequence], positions: torch.Tensor,
+                      rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The teacher's (probs, ids) per block slot, ids remapped into the scored rows (-100: not scored)."""
+        if not self.cfg.distill:
+            return None
+        probs, ids = block_soft_targets([self.features.teacher(s) for s in seqs], positions)
+        return probs, ids if rows is None else self.vocab.remap(ids, rows)
 
     def run(self, resume: bool = False) -> Path:
         cfg, out = self.cfg, self.out

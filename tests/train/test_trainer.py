@@ -84,15 +84,16 @@ def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
                 OnlineFeatures(counter))
 
 
-@pytest.mark.parametrize("vocab", ["full", "data"])
-def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path, vocab):
+@pytest.mark.parametrize("vocab,distill", [("full", 0.0), ("data", 0.0), ("data", 0.5)])
+def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path, vocab, distill):
     torch.manual_seed(0)
     drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
     prompts = [counting(6, s).tolist() for s in (0, 7, 15)]
     before = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
     cfg = TrainConfig(out=str(tmp_path / "run"), epochs=5, lr=3e-3, max_anchors=16, log_every=20, save_every=1000,
-                      eval_every=0, eval_max_new_tokens=40, vocab=vocab, vocab_negatives=0)
-    Trainer(cfg, counter, drafter, sequences(64), OnlineFeatures(counter), prompts).run()
+                      eval_every=0, eval_max_new_tokens=40, vocab=vocab, vocab_negatives=0, distill=distill)
+    features = OnlineFeatures(counter, teacher_k=4 if distill else 0)
+    Trainer(cfg, counter, drafter, sequences(64), features, prompts).run()
     after = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
     assert before < 1.5 and after >= 0.8 * 6, (before, after)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
