@@ -63,20 +63,21 @@ class Pipeline:
     """A target (+ tokenizer) and an optional DFlash drafter, ready to generate text."""
 
     def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, untrained_drafter: bool = False,
-                 draft_window: int | None = None) -> None:
+                 draft_window: int | None = None, draft_vocab: bool = True) -> None:
         if target.tokenizer is None:
             raise InvalidArgumentError("target has no tokenizer: expected one to encode and decode text")
         self.target = target
         self.drafter = drafter
         self.untrained_drafter = untrained_drafter
-        self.engine = SpeculativeEngine(target, drafter, draft_window=draft_window)
+        self.engine = SpeculativeEngine(target, drafter, draft_window=draft_window, draft_vocab=draft_vocab)
         self.tokenizer = target.tokenizer
 
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
              device: str | None = None, dtype: str | torch.dtype | None = None,
              random_drafter_layers: int = 1, seed: int = 0, fast: bool = True,
-             draft_window: int | None = None, compile: str | None = None, pack: bool | None = None) -> "Pipeline":
+             draft_window: int | None = None, compile: str | None = None, pack: bool | None = None,
+             draft_vocab: bool = True) -> "Pipeline":
         """Load a target by id or folder and a drafter folder.
 
         Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
@@ -87,12 +88,15 @@ class Pipeline:
         `compile`: None, or a torch.compile mode ("default"; "reduce-overhead" = CUDA graphs), see blockdraft.compile.
         `pack`: prepack the target's linear layers for CPU inference (`blockdraft.packing`); None = on a CPU,
         unless `compile` is given (compilation works on the dense layers).
+        `draft_vocab`: score drafts over the drafter's own vocabulary when its folder has one
+        (`blockdraft.draft_vocab`); False scores all of the target's tokens.
         """
         if compile is not None and pack:
             raise InvalidArgumentError(f"compile={compile!r} with pack=True: compilation needs the dense layers, "
                                        "expected one of the two")
         pack = pack if pack is not None else compile is None
-        pipe = cls._load(target, drafter, device, dtype, random_drafter_layers, seed, fast, draft_window, pack)
+        pipe = cls._load(target, drafter, device, dtype, random_drafter_layers, seed, fast, draft_window, pack,
+                         draft_vocab)
         if compile is not None:
             compile_pair(pipe.target, pipe.drafter, compile)
         return pipe
@@ -100,7 +104,7 @@ class Pipeline:
     @classmethod
     def _load(cls, target: str, drafter: str | Path | None, device: str | None, dtype: str | torch.dtype | None,
               random_drafter_layers: int, seed: int, fast: bool, draft_window: int | None,
-              pack: bool) -> "Pipeline":
+              pack: bool, draft_vocab: bool) -> "Pipeline":
         tgt = load_target(target, device=device, dtype=dtype, fast=fast, pack=pack)
         device, torch_dtype = tgt.device, tgt.dtype
         if drafter is None:
@@ -116,11 +120,12 @@ class Pipeline:
             model = load_drafter(drafter, device=device, dtype=torch_dtype)
         if tgt.packed:
             model.pack()
-        return cls(tgt, model, untrained_drafter=untrained, draft_window=draft_window)
+        return cls(tgt, model, untrained_drafter=untrained, draft_window=draft_window, draft_vocab=draft_vocab)
 
     def memory_report(self, context: int = 1024) -> dict[str, Any]:
         """Parameter and cache bytes of the target and the drafter at `context` tokens (see blockdraft.memory)."""
-        return memory_report(self.target, self.drafter, context, self.engine.draft_window)
+        head = self.engine.draft_head if self.engine.draft_ids is not None else None
+        return memory_report(self.target, self.drafter, context, self.engine.draft_window, head)
 
     # ------------------------------------------------------------------ text
     def encode(self, prompt: str | None = None, chat: str | None = None, messages: Messages | None = None,

@@ -13,6 +13,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from blockdraft.config import DrafterConfig
+from blockdraft.draft_vocab import read_draft_vocab, save_draft_vocab
 from blockdraft.drafter import Drafter, Rotary
 from blockdraft.errors import CheckpointError, InvalidArgumentError
 from blockdraft.files import atomic_dir
@@ -91,7 +92,9 @@ def load_drafter(folder: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{folder}: {k} has shape {tuple(state[k].shape)}, expected {tuple(shape)}")
     drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
     drafter.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)  # not on meta
-    return drafter.to(device).eval()
+    drafter = drafter.to(device).eval()
+    drafter.draft_vocab = read_draft_vocab(folder)
+    return drafter
 
 
 def save_drafter(drafter: Drafter, folder: str | Path, dtype: torch.dtype | None = None,
@@ -109,4 +112,6 @@ def save_drafter(drafter: Drafter, folder: str | Path, dtype: torch.dtype | None
     with atomic_dir(folder) as tmp:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt", **(metadata or {})})
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        if drafter.draft_vocab is not None:
+            save_draft_vocab(tmp, drafter.draft_vocab)
     return folder

@@ -9,10 +9,12 @@ import sys
 
 from blockdraft.bench.command import add_parser as add_bench_parser
 from blockdraft.bench.command import run_bench_command
-from blockdraft.errors import BlockdraftError
-from blockdraft.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
+from blockdraft.errors import BlockdraftError, InvalidArgumentError
+from blockdraft.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 from blockdraft.train.command import add_parsers as add_training_parsers
 from blockdraft.train.command import run_data, run_train
+
+log = logging.getLogger(__name__)
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +44,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="torch.compile the per-layer blocks (mode: default | reduce-overhead = CUDA graphs)")
     p.add_argument("--draft-window", type=int, default=None, help="keep only this many context tokens in the drafter's cache")
     add_pack_argument(p)
+    add_draft_vocab_argument(p)
     p.add_argument("--stats", action="store_true", help="print the stats and memory lines after the text (stderr)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
@@ -51,6 +54,11 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter", required=True, help="drafter folder (ours or z-lab)")
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="K",
+                   help="give the drafter its own vocabulary: the K tokens the target writes most often in --data "
+                        "(blockdraft.draft_vocab); 0 removes one")
+    p.add_argument("--data", default=None, help="regenerated data folder for --draft-vocab (its train split)")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="the target whose tokenizer reads --data")
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -59,8 +67,27 @@ def run_export(args: argparse.Namespace) -> int:
     from blockdraft.checkpoint import load_drafter, save_drafter
 
     drafter = load_drafter(args.drafter)
+    if args.draft_vocab is not None:
+        drafter.draft_vocab = _draft_vocab(args) if args.draft_vocab else None
     print(save_drafter(drafter, args.out, dtype=getattr(torch, args.dtype), metadata={"source": str(args.drafter)}))
     return 0
+
+
+def _draft_vocab(args: argparse.Namespace):
+    from transformers import AutoTokenizer
+
+    from blockdraft.draft_vocab import frequent_tokens
+    from blockdraft.registry import resolve_target
+    from blockdraft.train.data import load_sequences
+
+    if not args.data:
+        raise InvalidArgumentError("--draft-vocab needs --data: the regenerated answers whose tokens it counts")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_target(args.target))
+    sequences = load_sequences(args.data, "train", tokenizer, max_len=1 << 20)
+    ids, coverage = frequent_tokens((s.input_ids[s.loss_mask] for s in sequences), args.draft_vocab)
+    log.warning("draft vocabulary: %d tokens covering %.2f%% of the %d answers' tokens", ids.numel(), 100 * coverage,
+                len(sequences))
+    return ids
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -68,7 +95,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from blockdraft.memory import describe
 
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype,
-                         draft_window=args.draft_window, compile=args.compile, pack=pack_choice(args))
+                         draft_window=args.draft_window, compile=args.compile, pack=pack_choice(args),
+                         draft_vocab=not args.full_vocab_drafts)
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft,

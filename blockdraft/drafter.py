@@ -253,6 +253,7 @@ class Drafter(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
         self.packed = False
+        self.draft_vocab: torch.Tensor | None = None  # token ids it may propose (`blockdraft.draft_vocab`)
 
     def pack(self) -> bool:
         """Prepack the decoder layers' linears for CPU inference (`blockdraft.packing`), in place; k_proj and
@@ -341,7 +342,8 @@ class Drafter(nn.Module):
         rows: vocabulary ids to score (training on a sub-vocabulary); None scores them all.
         """
         if rows is None:
-            logits = lm_head(hidden.to(lm_head.weight.dtype))
+            dense = getattr(lm_head, "weight", None)
+            logits = lm_head(hidden.to(lm_head.dtype if dense is None else dense.dtype))  # packed heads: no weight
         else:
             bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[rows]
             logits = F.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[rows], bias)
@@ -351,6 +353,64 @@ class Drafter(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def draft_many(self, blocks: list[torch.Tensor], starts: list[int], new_features: list[torch.Tensor],
+                   caches: list[DraftCache]) -> list[torch.Tensor]:
+        """`draft` for several requests in one forward, each with its own cache, position and block length.
+
+        blocks[r] (Q_r, D) sits at positions starts[r]..; new_features[r] (1, C_r, K*D) go into caches[r]
+        first (one context projection for all rows). Rows are right-padded to the longest block and context;
+        a mask hides the padded keys, padded queries are dropped. Returns hidden states [(Q_r, D)].
+        """
+        if len(blocks) == 1:
+            return [self.draft(blocks[0][None], starts[0], new_features[0], caches[0])[0]]
+        self._extend(new_features, caches)
+        for cache, start in zip(caches, starts):
+            if cache.length != start:
+                raise RuntimeError(f"draft cache holds {cache.length} context tokens, block starts at {start}")
+        device = blocks[0].device
+        q_len = torch.tensor([x.shape[0] for x in blocks], device=device)
+        c_len = torch.tensor([c.length - c.offset for c in caches], device=device)
+        q_max, c_max = int(q_len.max()), int(c_len.max())
+        block = blocks[0].new_zeros(len(blocks), q_max, blocks[0].shape[-1])
+        for r, x in enumerate(blocks):
+            block[r, : x.shape[0]] = x
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(q_max, device=device)
+        offsets = torch.tensor([c.offset for c in caches], device=device)
+        ctx_positions = offsets[:, None] + torch.arange(c_max, device=device)
+        ctx = [self._padded_context(caches, i, c_max, device) for i in range(len(self.layers))]
+        keys = torch.cat([torch.arange(c_max, device=device) < c_len[:, None],
+                          torch.arange(q_max, device=device) < q_len[:, None]], dim=1)  # (b, C + Q) real keys
+        base = keys[:, None, None, :].expand(-1, 1, q_max, -1)
+        k_pos = torch.cat([ctx_positions, positions], dim=1)
+        hidden = self(block, positions, ctx, ctx_positions,
+                      lambda causal, window: visibility(positions, k_pos, causal, window, base))
+        return [hidden[r, : x.shape[0]] for r, x in enumerate(blocks)]
+
+    def _extend(self, new_features: list[torch.Tensor], caches: list[DraftCache]) -> None:
+        """Project every row's newly committed features in one call and append them to the rows' caches."""
+        rows = [r for r, f in enumerate(new_features) if f.shape[1]]
+        if not rows:
+            return
+        sizes = [new_features[r].shape[1] for r in rows]
+        feats = torch.cat([new_features[r] for r in rows], dim=1)  # (1, sum C_r, K*D)
+        pos = torch.cat([torch.arange(caches[r].length, caches[r].length + n, device=feats.device)
+                         for r, n in zip(rows, sizes)])[None]
+        kvs = self.context_kv(feats, pos)
+        for j, r in enumerate(rows):
+            first = sum(sizes[:j])
+            caches[r].append([(k[:, :, first:first + sizes[j]], v[:, :, first:first + sizes[j]]) for k, v in kvs])
+
+    def _padded_context(self, caches: list[DraftCache], i: int, c_max: int, device: torch.device) -> KV:
+        """Layer i's context K/V of every row, right-padded to c_max tokens: (b, Hkv, c_max, d) each."""
+        cfg = self.config
+        k = torch.zeros(len(caches), cfg.num_key_value_heads, c_max, cfg.head_dim, device=device, dtype=self.dtype)
+        v = torch.zeros_like(k)
+        for r, cache in enumerate(caches):
+            if cache.length - cache.offset:
+                ck, cv = cache.layer(i)
+                k[r, :, : ck.shape[2]], v[r, :, : cv.shape[2]] = ck[0], cv[0]
+        return k, v
 
     def draft(self, block: torch.Tensor, start: int, new_features: torch.Tensor, cache: DraftCache) -> torch.Tensor:
         """Inference: append newly committed features to `cache`, then run the block at `start`.

@@ -17,6 +17,7 @@ import torch
 from blockdraft.acceptance import greedy_verify, one_hot, speculative_verify
 from blockdraft.adaptive import AdaptiveVerify
 from blockdraft.costs import cached_cost_curve
+from blockdraft.draft_vocab import draft_head
 from blockdraft.drafter import DraftCache, Drafter
 from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
 from blockdraft.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
@@ -94,16 +95,22 @@ class SpeculativeEngine:
     """Runs a target (and optionally a drafter) over token ids. Text handling lives in `api`."""
 
     def __init__(self, target: TargetModel, drafter: Drafter | None = None,
-                 policy: AdaptiveVerify | None = None, draft_window: int | None = None) -> None:
+                 policy: AdaptiveVerify | None = None, draft_window: int | None = None,
+                 draft_vocab: bool = True) -> None:
         if draft_window is not None and (not isinstance(draft_window, int) or draft_window < 1):
             raise InvalidArgumentError(f"draft_window={draft_window!r}: expected an integer >= 1 or None")
         self.target = target
         self.drafter = drafter
         self.draft_window = draft_window  # keep only this many context tokens in each draft cache
         self.policy = policy  # learned across calls; built from the measured cost curve on first use
+        # the LM head the drafts are scored with: the target's, or the rows of the drafter's own vocabulary
+        self.draft_head, self.draft_ids = target.lm_head, None
         if drafter is not None:
             check_pair(target, drafter)
             target.set_feature_layers(drafter.config.target_layer_ids)
+            if draft_vocab and drafter.draft_vocab is not None:
+                self.draft_head = draft_head(target.lm_head, drafter.draft_vocab, target.vocab_size)
+                self.draft_ids = drafter.draft_vocab.to(target.device)
 
     def block_size(self, options: DecodeOptions) -> int:
         if self.drafter is None or options.no_draft:
@@ -169,14 +176,15 @@ class SpeculativeEngine:
         rows = len(seqs) if rows is None else rows
         lengths = [self._draft_length(s, rows) for s in seqs]
         before = [s.stats.drafter_time for s in seqs]
+        drafting = [(s, n) for s, n in zip(seqs, lengths) if n > 0]
+        if not drafting:
+            return [self._no_draft() for _ in seqs]
         t0 = now(self.target.device)
-        hidden = [self._draft_hidden(s, n) for s, n in zip(seqs, lengths) if n > 0]
+        hidden = self._draft_hidden(drafting)
         layers_s = now(self.target.device) - t0
-        logits = self.drafter.logits(torch.cat(hidden), self.target.lm_head).split(
-            [n for n in lengths if n > 0]) if hidden else []
-        share = (now(self.target.device) - t0 - layers_s) / max(1, len(hidden))  # the head's time, split evenly
-        drafting = iter(logits)
-        return [self._proposal(s, next(drafting), share, spent) if n > 0 else self._no_draft()
+        logits = iter(self.drafter.logits(torch.cat(hidden), self.draft_head).split([n for _, n in drafting]))
+        share = (now(self.target.device) - t0 - layers_s) / len(drafting)  # the head's time, split evenly
+        return [self._proposal(s, next(logits), share, spent) if n > 0 else self._no_draft()
                 for s, n, spent in zip(seqs, lengths, before)]
 
     def _draft_length(self, seq: DecodeState, rows: int) -> int:
@@ -186,33 +194,44 @@ class SpeculativeEngine:
     def _no_draft(self) -> Proposal:
         return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
 
-    def _draft_hidden(self, seq: DecodeState, n: int) -> torch.Tensor:
-        """One drafter forward over [token, MASK x n] at the request's position -> hidden states (n, D) of the
-        masked slots; the committed features waiting for the draft cache go into it."""
+    def _draft_hidden(self, drafting: list[tuple[DecodeState, int]]) -> list[torch.Tensor]:
+        """One drafter forward for all requests, each over [its token, MASK x n] at its position -> hidden states
+        (n, D) of the masked slots; the committed features waiting for each draft cache go into it first."""
         t0 = now(self.target.device)
-        drafter = self.drafter
-        ids = torch.full((1, n + 1), drafter.config.mask_token_id, device=self.target.device)
-        ids[0, 0] = seq.token
-        hidden = drafter.draft(self.target.embedding(ids), seq.start, seq.pending, seq.draft_cache)
-        seq.pending = seq.pending[:, :0]
-        seq.stats.drafter_forwards += 1
-        seq.stats.drafter_time += now(self.target.device) - t0
-        return hidden[0, 1:]
+        drafter, mask = self.drafter, self.drafter.config.mask_token_id
+        ids = torch.full((len(drafting), 1 + max(n for _, n in drafting)), mask, device=self.target.device)
+        ids[:, 0] = torch.tensor([s.token for s, _ in drafting], device=self.target.device)
+        emb = self.target.embedding(ids)
+        hidden = drafter.draft_many([emb[r, : n + 1] for r, (_, n) in enumerate(drafting)],
+                                    [s.start for s, _ in drafting], [s.pending for s, _ in drafting],
+                                    [s.draft_cache for s, _ in drafting])
+        share = (now(self.target.device) - t0) / len(drafting)
+        for s, _ in drafting:
+            s.pending = s.pending[:, :0]
+            s.stats.drafter_forwards += 1
+            s.stats.drafter_time += share
+        return [h[1:] for h in hidden]
 
     def _proposal(self, seq: DecodeState, logits: torch.Tensor, head_s: float, spent: float) -> Proposal:
-        """Drafts from the drafter's logits (n, V) of one request: the tokens (n,), their distributions (n, V)
-        (None at T = 0) and the drafter's confidence per slot (n,): its largest probability there. An
-        adaptive policy then keeps the prefix that pays. `spent`: the request's drafter time before this call."""
+        """Drafts from the drafter's logits (n, V') of one request (V' = its draft vocabulary, or all V): the
+        tokens (n,), their distributions (n, V) (None at T = 0) and the drafter's confidence per slot (n,): its
+        largest probability there. An adaptive policy then keeps the prefix that pays. `spent`: the request's
+        drafter time before this call."""
         t0 = now(self.target.device)
         params, gen = seq.options.sampling, seq.gen
+        ids, vocab = self.draft_ids, self.target.vocab_size
         if params.greedy:
             drafts, q = logits.argmax(-1), None
         elif params.draft == "greedy":
             drafts = logits.argmax(-1)
-            q = one_hot(drafts, logits.shape[-1], torch.float32)
+            q = one_hot(drafts if ids is None else ids[drafts], vocab, torch.float32)
         else:
             q = probabilities(logits, params)
             drafts = sample_index(q, uniforms(logits.shape[0], gen, q.device))
+            if ids is not None:  # q is 0 outside the draft vocabulary
+                q = q.new_zeros(q.shape[0], vocab).index_copy_(1, ids, q)
+        if ids is not None:
+            drafts = ids[drafts]
         confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
         seq.stats.drafter_time += head_s + now(self.target.device) - t0
         prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent)

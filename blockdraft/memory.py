@@ -28,7 +28,8 @@ def param_bytes(module: nn.Module) -> int:
 
 
 def memory_report(target: TargetModel, drafter: Drafter | None, context: int = 1024,
-                  draft_window: int | None = None) -> dict[str, Any]:
+                  draft_window: int | None = None, draft_head: nn.Module | None = None) -> dict[str, Any]:
+    """`draft_head`: the drafter's own copy of its vocabulary's LM-head rows (`blockdraft.draft_vocab`), if any."""
     cfg = target.config_dict()
     size = torch.empty(0, dtype=target.dtype).element_size()
     heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
@@ -40,7 +41,8 @@ def memory_report(target: TargetModel, drafter: Drafter | None, context: int = 1
         d = drafter.config
         draft_kv = 2 * d.num_hidden_layers * d.num_key_value_heads * d.head_dim * drafter.dtype.itemsize
         kept = context if draft_window is None else min(context, draft_window)
-        report.update(drafter_parameters_bytes=param_bytes(drafter), drafter_cache_bytes_per_token=draft_kv,
+        own_head = param_bytes(draft_head) if draft_head is not None else 0
+        report.update(drafter_parameters_bytes=param_bytes(drafter) + own_head, drafter_cache_bytes_per_token=draft_kv,
                       drafter_cache_bytes=draft_kv * kept, draft_window=draft_window)
     report["total_bytes"] = sum(v for k, v in report.items()
                                 if k in ("target_parameters_bytes", "target_kv_bytes", "drafter_parameters_bytes",

@@ -55,6 +55,7 @@ class PackedLinear(nn.Module):
         if weight.device.type != "cpu":
             raise ValueError(f"PackedLinear is for CPU weights, got a weight on {weight.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = weight.dtype
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         self.packed_bytes = weight.numel() * weight.element_size()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)

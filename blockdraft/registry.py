@@ -162,6 +162,12 @@ def add_pack_argument(parser: argparse.ArgumentParser) -> None:
                         help="keep the linear layers dense on CPU (default: prepacked, see blockdraft.packing)")
 
 
+def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--full-vocab-drafts", action="store_true",
+                        help="score drafts over all of the target's tokens even when the drafter has its own "
+                             "vocabulary (blockdraft.draft_vocab)")
+
+
 def pack_choice(args: argparse.Namespace) -> bool | None:
     """--no-pack -> False; otherwise None (pack wherever it applies)."""
     return False if args.no_pack else None

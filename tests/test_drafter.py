@@ -159,3 +159,32 @@ def test_windowed_cache_equals_a_drafter_given_only_the_last_tokens(pair):
     assert torch.allclose(drafter.draft(blk, 150, feats[:, :0], windowed), drafter.draft(blk, 150, feats[:, :0], ref))
     with pytest.raises(ValueError, match="window=0"):
         DraftCache(3, window=0)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_drafting_many_rows_at_once_equals_drafting_each_alone(sliding):
+    """Rows with different context lengths (one empty), pending features, block lengths and a windowed
+    cache: the padded batched forward gives every row exactly its solo hidden states."""
+    target = TargetModel(tiny_hf_model("qwen3"))
+    drafter = tiny_drafter(target, layers=2, sliding_window=4 if sliding else None)
+    if sliding:
+        drafter.config.layer_types = ["sliding_attention", "full_attention"]
+    rows = [(0, 0, 5, None), (30, 4, 8, None), (12, 12, 3, None), (50, 3, 6, 20)]  # (start, pending, Q, window)
+
+    def setup():
+        caches, pending, blocks, starts = [], [], [], []
+        for r, (start, new, q, window) in enumerate(rows):
+            feats = _features(target, start, seed=r, k=2)
+            cache = DraftCache(2, window)
+            if start - new:
+                cache.append(drafter.context_kv(feats[:, : start - new], torch.arange(start - new)[None]))
+            caches.append(cache)
+            pending.append(feats[:, start - new:])
+            blocks.append(_block(target, start, q=q, seed=r)[0])
+            starts.append(start)
+        return blocks, starts, pending, caches
+
+    solo = [drafter.draft(b[None], s, p, c)[0] for b, s, p, c in zip(*setup())]
+    batched = drafter.draft_many(*setup())
+    for a, b in zip(solo, batched):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-10)

@@ -8,7 +8,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from blockdraft.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
+from blockdraft.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile the per-layer blocks of the pair (see blockdraft.compile)")
     add_pack_argument(p)
+    add_draft_vocab_argument(p)
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and the plots")
@@ -97,7 +98,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              chat_template_kwargs=kwargs)
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile,
-                         pack=pack_choice(args))
+                         pack=pack_choice(args), draft_vocab=not args.full_vocab_drafts)
     if args.batch_only:
         methods = method_names(settings, pipe.drafter.config.block_size if pipe.drafter is not None else None)
         result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {

@@ -30,3 +30,12 @@ def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert main(["train", "--plot", str(run)]) == 0
     assert (run / "curves.png").stat().st_size > 10_000
     assert main(["train", "--data", str(data)]) == 2  # --out missing: a clear error, not a traceback
+    own = tmp_path / "own-vocab"
+    assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5", "--data", str(data),
+                 "--target", str(tiny_target_dir)]) == 0
+    assert load_drafter(own).draft_vocab.numel() == 5
+    pipe = Pipeline.load(str(tiny_target_dir), own, device="cpu")
+    assert pipe.engine.draft_ids.numel() == 5
+    assert pipe.generate("count", max_new_tokens=8).token_ids == \
+        pipe.generate("count", max_new_tokens=8, no_draft=True).token_ids
+    assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5"]) == 2  # no --data
