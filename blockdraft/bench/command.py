@@ -45,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-only", action="store_true",
                    help="only the batched run, per dataset (first turns): a quick tau and agreement check over "
                         "many prompts; needs --batch")
+    p.add_argument("--replay", action="store_true",
+                   help="only greedy acceptance per block size, by replaying each first turn's plain greedy output "
+                        "through the drafter (no verify forwards; blockdraft.bench.replay); rows: --batch (16)")
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile the per-layer blocks of the pair (see blockdraft.compile)")
     add_pack_argument(p)
@@ -69,6 +72,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     if args.batch_only and args.batch < 1:
         raise InvalidArgumentError(f"--batch-only needs --batch ROWS >= 1, got --batch {args.batch}")
+    if args.replay and args.temperature != 0:
+        raise InvalidArgumentError(f"--replay measures greedy acceptance: expected --temperature 0, got {args.temperature}")
     if args.max_new_tokens < 1 or (args.max_samples is not None and args.max_samples < 1) or args.turns < 1:
         raise InvalidArgumentError(f"max_new_tokens={args.max_new_tokens}, max_samples={args.max_samples}, "
                                    f"turns={args.turns}: expected integers >= 1")
@@ -90,7 +95,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     from blockdraft.api import Pipeline
     from blockdraft.costs import verify_cost_curve
     from blockdraft.bench.report import cost_accounting, plots, summaries
-    from blockdraft.bench.runner import BenchSettings, method_names, run_batched, run_bench
+    from blockdraft.bench.runner import BenchSettings, method_names, run_batched, run_bench, run_replay
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -99,6 +104,9 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              chat_template_kwargs=kwargs)
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile,
                          pack=pack_choice(args), draft_vocab=not args.full_vocab_drafts)
+    if args.replay:
+        return _header(args, pipe, prompts, [], settings) | {"summaries": {}, "replay_by_dataset": {
+            d: run_replay(pipe, ps, settings, args.batch or 16) for d, ps in prompts.items()}}
     if args.batch_only:
         methods = method_names(settings, pipe.drafter.config.block_size if pipe.drafter is not None else None)
         result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {

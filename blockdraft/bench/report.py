@@ -165,6 +165,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines += _batch_lines("first turns", result["batch"])
     for dataset, batch in result.get("batch_by_dataset", {}).items():
         lines += _batch_lines(dataset, batch)
+    replays = result.get("replay_by_dataset", {})
+    if replays:
+        lines += ["", "Greedy acceptance length by replay (first turns):", "",
+                  "| dataset | prompts | new tokens | " + " | ".join(next(iter(replays.values()))["mean_acceptance_length"]) + " |",
+                  "|---|---|---|" + "---|" * len(next(iter(replays.values()))["mean_acceptance_length"])]
+        for dataset, r in replays.items():
+            lines.append(f"| {dataset} | {r['requests']} | {r['new_tokens']} | " +
+                         " | ".join(_f(t) for t in r["mean_acceptance_length"].values()) + " |")
     cost = result.get("cost")
     if cost and cost["methods"]:
         ratio = cost["verify_cost_ratio"]

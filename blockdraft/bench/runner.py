@@ -27,6 +27,7 @@ from tqdm import tqdm
 from blockdraft.api import Pipeline
 from blockdraft.batch_engine import BatchEngine
 from blockdraft.bench.metrics import mean_acceptance_length
+from blockdraft.bench.replay import replay_acceptance
 from blockdraft.engine import VERIFY_MODES, DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
@@ -224,6 +225,24 @@ def run_bench(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], s: Be
                 bar.set_postfix(dataset=dataset, method=rec.method, tok_s=f"{rec.new_tokens / rec.total_s:.1f}")
                 bar.update(1)
     return methods, records
+
+
+def run_replay(pipe: Pipeline, prompts: list[Prompt], s: BenchSettings, rows: int) -> dict[str, Any]:
+    """Greedy acceptance at each block size by replay (`blockdraft.bench.replay`): the first turns decode
+    plainly, `rows` at a time, then each block size replays every continuation through the drafter."""
+    ids = [pipe.encode(messages=p.messages, chat_template_kwargs=s.chat_template_kwargs) for p in prompts]
+    stops = pipe.stop_token_ids()
+    plain = [_options("no_draft", s, stops, 0)] * len(ids)
+    t0 = now(pipe.target.device)
+    continuations = {i: tokens for i, tokens, _ in BatchEngine(pipe.engine, rows).run(ids, plain)}
+    out: dict[str, Any] = {"requests": len(ids), "new_tokens": sum(len(t) for t in continuations.values()),
+                           "plain_seconds": now(pipe.target.device) - t0, "mean_acceptance_length": {}}
+    for block in s.block_sizes or (pipe.drafter.config.block_size,):
+        options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, stop_token_ids=stops)
+        lengths = [replay_acceptance(pipe.engine, ids[i], continuations[i], options)
+                   for i in tqdm(range(len(ids)), desc=f"replay b{block}", unit="prompt", dynamic_ncols=True)]
+        out["mean_acceptance_length"][f"b{block}"] = mean_acceptance_length(lengths)
+    return out
 
 
 def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], methods: list[str], s: BenchSettings,

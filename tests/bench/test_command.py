@@ -1,6 +1,7 @@
 """`blockdraft bench` end to end on a tiny saved pair: JSON (schema), Markdown and plots."""
 import json
 
+import pytest
 import torch
 
 from blockdraft.checkpoint import save_drafter
@@ -61,6 +62,24 @@ def test_batch_only_reports_each_dataset(tiny_target_dir, tmp_path, capsys):
     assert "Batched (2 rows, a," in md and "Batched (2 rows, b," in md and "| dataset |" not in md
     assert main(["bench", "--target", str(tiny_target_dir), "--batch-only", "--out", str(out)]) == 2
     assert "--batch-only needs --batch ROWS >= 1, got --batch 0" in capsys.readouterr().err
+
+
+def test_replay_reports_greedy_acceptance_per_block_size(tiny_target_dir, tmp_path, capsys):
+    target = TargetModel.from_pretrained(tiny_target_dir)
+    save_drafter(tiny_drafter(target, block_size=4).float(), tmp_path / "drafter")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("hello there", "count: 1 2 3", "x y z")))
+    common = ["bench", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "drafter"), "--dataset",
+              str(prompts), "--max-new-tokens", "12", "--device", "cpu", "--batch", "2"]
+    assert main(common + ["--replay", "--block-sizes", "2,4", "--out", str(tmp_path / "r")]) == 0
+    replay = json.loads((tmp_path / "r" / "bench.json").read_text())["replay_by_dataset"]["p"]
+    assert replay["requests"] == 3 and set(replay["mean_acceptance_length"]) == {"b2", "b4"}
+    assert main(common + ["--batch-only", "--methods", "dflash", "--block-sizes", "4", "--out", str(tmp_path / "e")]) == 0
+    engine = json.loads((tmp_path / "e" / "bench.json").read_text())["batch_by_dataset"]["p"]["dflash-b4"]
+    assert replay["mean_acceptance_length"]["b4"] == pytest.approx(engine["mean_acceptance_length"], abs=0.2)
+    assert "Greedy acceptance length by replay" in (tmp_path / "r" / "bench.md").read_text()
+    assert main(common + ["--replay", "--temperature", "0.7", "--out", str(tmp_path / "x")]) == 2
+    assert "--replay measures greedy acceptance: expected --temperature 0, got 0.7" in capsys.readouterr().err
 
 
 def test_bench_rejects_bad_arguments(tiny_target_dir, tmp_path, capsys):
