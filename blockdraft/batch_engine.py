@@ -1,10 +1,11 @@
 """Batched speculative decoding: many requests, one target verify forward per cycle for all of them.
 
     each cycle: every active row drafts (its own block size, verify length, sampling parameters and
-    generator; the drafted slots of all rows share one LM-head matmul) -> one target forward over all rows, [token, drafts, padding] each, at the rows' own
-    positions -> each row verifies and commits on its own -> cache rows roll back to their committed
-    lengths (free: the static cache keeps per-row lengths) -> finished rows leave, queued requests take
-    their cache rows at once (continuous batching; a new row's prefill runs alone).
+    generator; one drafter forward and one LM-head matmul for all rows) -> one target forward over all
+    rows, [token, drafts, padding] each, at the rows' own positions -> each row verifies and commits on
+    its own -> cache rows roll back to their committed lengths (free: the static cache keeps per-row
+    lengths) -> finished rows leave, queued requests take their cache rows at once (continuous batching;
+    a new row's prefill runs alone).
 
 Each row runs exactly the steps of `SpeculativeEngine` (`propose` / `settle`) with its own state and random
 generator, so a request decodes the same tokens as when it runs alone (bitwise equal where the batched

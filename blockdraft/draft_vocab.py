@@ -16,7 +16,6 @@ the folder as a plain published drafter.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Iterable
 
@@ -25,9 +24,8 @@ from torch import nn
 
 from blockdraft.errors import CheckpointError, IncompatibleModelsError, InvalidArgumentError
 from blockdraft.files import atomic_path
-from blockdraft.packing import PackedLinear, can_pack
+from blockdraft.packing import PackedLinear
 
-log = logging.getLogger(__name__)
 
 FILE = "draft_vocab.json"
 
@@ -70,7 +68,8 @@ def read_draft_vocab(folder: str | Path) -> torch.Tensor | None:
 
 
 def draft_head(lm_head: nn.Module, ids: torch.Tensor, vocab_size: int) -> nn.Module:
-    """The rows `ids` of the target's LM head as their own linear layer (prepacked where that runs)."""
+    """The rows `ids` of the target's LM head as their own linear layer, prepacked when the head is (so
+    `--no-pack` and `--compile` runs stay dense)."""
     if int(ids.max()) >= vocab_size:
         raise IncompatibleModelsError(f"draft vocabulary holds token id {int(ids.max())}, outside the target's "
                                       f"vocabulary [0, {vocab_size}): not a pair")
@@ -83,4 +82,4 @@ def draft_head(lm_head: nn.Module, ids: torch.Tensor, vocab_size: int) -> nn.Mod
         if bias is not None:
             head.bias.copy_(bias.detach()[rows])
     head.requires_grad_(False)
-    return PackedLinear(head) if can_pack(weight.device, weight.dtype) else head
+    return PackedLinear(head) if isinstance(lm_head, PackedLinear) else head

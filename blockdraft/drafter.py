@@ -337,7 +337,8 @@ class Drafter(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Draft logits through the target's LM head (plus the optional published output transforms).
+        """Draft logits through `lm_head`: the target's, or its draft-vocabulary rows (`blockdraft.draft_vocab`),
+        plus the optional published output transforms.
 
         rows: vocabulary ids to score (training on a sub-vocabulary); None scores them all.
         """
@@ -379,9 +380,11 @@ class Drafter(nn.Module):
         offsets = torch.tensor([c.offset for c in caches], device=device)
         ctx_positions = offsets[:, None] + torch.arange(c_max, device=device)
         ctx = [self._padded_context(caches, i, c_max, device) for i in range(len(self.layers))]
-        keys = torch.cat([torch.arange(c_max, device=device) < c_len[:, None],
-                          torch.arange(q_max, device=device) < q_len[:, None]], dim=1)  # (b, C + Q) real keys
-        base = keys[:, None, None, :].expand(-1, 1, q_max, -1)
+        real_q = torch.arange(q_max, device=device) < q_len[:, None]  # (b, Q)
+        keys = torch.cat([torch.arange(c_max, device=device) < c_len[:, None], real_q], dim=1)  # (b, C + Q)
+        base = keys[:, None, None, :].repeat(1, 1, q_max, 1)  # (b, 1, Q, C + Q)
+        # a padded query sees its own key, so that no row of the mask is empty (NaN on some backends)
+        base[:, 0, :, c_max:] |= ~real_q[:, :, None] & torch.eye(q_max, dtype=torch.bool, device=device)
         k_pos = torch.cat([ctx_positions, positions], dim=1)
         hidden = self(block, positions, ctx, ctx_positions,
                       lambda causal, window: visibility(positions, k_pos, causal, window, base))

@@ -24,8 +24,6 @@ from blockdraft.sampling import SamplingParams, new_generator, probabilities, sa
 from blockdraft.stats import GenerationStats, now
 from blockdraft.target import TargetModel
 
-
-
 VERIFY_MODES = ("fixed", "adaptive")
 
 

@@ -5,10 +5,12 @@ import torch
 
 from blockdraft.checkpoint import load_drafter, save_drafter
 from blockdraft.draft_vocab import FILE, draft_head, frequent_tokens, read_draft_vocab
-from blockdraft.engine import SpeculativeEngine
+from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import CheckpointError, IncompatibleModelsError, InvalidArgumentError
 from blockdraft.memory import memory_report
 from blockdraft.packing import PackedLinear
+from blockdraft.sampling import SamplingParams
+from blockdraft.stats import GenerationStats
 from blockdraft.target import TargetModel
 from tests.conftest import tiny_drafter, tiny_hf_model
 from tests.test_engine import PROMPT, VOCAB, chi_square_pvalue, decode, exact_joint, prompts, sample_counts
@@ -48,6 +50,11 @@ def test_the_head_scores_exactly_the_rows_of_the_targets_head():
     x = torch.randn(5, target.hidden_size, dtype=target.dtype)
     assert torch.allclose(head(x), target.lm_head(x)[:, ids], atol=1e-5)
     assert not any(p.requires_grad for p in head.parameters())
+    assert not isinstance(head, PackedLinear)  # a dense head gets a dense copy (--no-pack, --compile)
+    if target.pack():  # a packed head gets a packed copy
+        packed = draft_head(target.lm_head, ids, target.vocab_size)
+        assert isinstance(packed, PackedLinear)
+        assert torch.allclose(packed(x), target.lm_head(x)[:, ids], atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -72,13 +79,37 @@ def test_greedy_output_is_the_targets_and_drafts_stay_in_the_vocabulary(arch):
     assert drafted.numel() and bool((drafted % 3 == 0).all())
 
 
-def test_sampling_with_a_draft_vocabulary_keeps_the_targets_distribution():
+@pytest.mark.parametrize("draft", ["sample", "greedy"])
+def test_sampling_with_a_draft_vocabulary_keeps_the_targets_distribution(draft):
     model = tiny_hf_model("qwen3", vocab=VOCAB, layers=2, head_scale=12.0, seed=5)
     target = TargetModel(model)
     drafter = tiny_drafter(target, std=0.5, seed=3, block_size=4)
     drafter.draft_vocab = torch.tensor([0, 2, 3, 5, 8, 11])  # q is 0 on half the tokens
     engine = SpeculativeEngine(target, drafter)
-    assert chi_square_pvalue(sample_counts(engine, "sample"), exact_joint(model)) > 1e-3
+    assert chi_square_pvalue(sample_counts(engine, draft), exact_joint(model)) > 1e-3
+
+
+@pytest.mark.parametrize("draft", ["sample", "greedy"])
+def test_every_slots_distribution_is_scattered_to_its_full_vocabulary_ids(draft):
+    target = TargetModel(tiny_hf_model("qwen3", head_scale=6.0))
+    drafter = tiny_drafter(target, block_size=6)
+    ids = torch.tensor([90, 4, 33, 7, 61, 12, 2, 50])  # unsorted on purpose
+    drafter.draft_vocab = ids
+    engine = SpeculativeEngine(target, drafter)
+    options = DecodeOptions(max_new_tokens=20, sampling=SamplingParams(temperature=1.0, seed=1, draft=draft))
+    with torch.inference_mode():
+        seq = engine.begin(PROMPT, options, GenerationStats(1))
+        engine.prefill(seq, target.new_cache())
+        prop = engine.propose(seq)
+    n = prop.drafts.numel()
+    assert n == 5 and prop.q.shape == (n, target.vocab_size)
+    assert torch.allclose(prop.q.sum(-1), torch.ones(n, dtype=prop.q.dtype), atol=1e-5)
+    outside = torch.ones(target.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert bool((prop.q[:, outside] == 0).all()) and bool(torch.isin(prop.drafts, ids).all())
+    assert bool((prop.q[torch.arange(n), prop.drafts] > 0).all())  # each draft is where its mass is
+    if draft == "greedy":
+        assert bool((prop.q[torch.arange(n), prop.drafts] == 1).all())
 
 
 def test_memory_report_counts_the_heads_copy():
@@ -87,4 +118,3 @@ def test_memory_report_counts_the_heads_copy():
     head = draft_head(target.lm_head, torch.arange(10), target.vocab_size)
     with_head = memory_report(target, drafter, 64, draft_head=head)["drafter_parameters_bytes"]
     assert with_head - memory_report(target, drafter, 64)["drafter_parameters_bytes"] == 10 * target.hidden_size * target.dtype.itemsize
-    assert isinstance(head, (torch.nn.Linear, PackedLinear))

@@ -33,7 +33,8 @@ def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continua
     target = engine.target
     seq = engine.begin(prompt_ids, options, GenerationStats(1))
     ids = torch.tensor([prompt_ids + continuation], device=target.device)
-    _, feats = target.forward(ids, target.new_cache(capacity=ids.shape[1]), 0, features=True)  # (1, T, K*D)
+    _, feats = target.forward(ids, target.new_cache(capacity=ids.shape[1]), 0, features=True,  # (1, T, K*D)
+                              last_only=True)  # features of every position; logits of the last only
     p = len(prompt_ids)
     seq.token, seq.start, seq.remaining = continuation[0], p, options.max_new_tokens - 1
     seq.pending = feats[:, :p]

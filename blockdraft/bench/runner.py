@@ -3,6 +3,8 @@
 Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
     dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.adaptive`)
+    dflash-bN[-adaptive]-fullvocab  the same, scoring drafts over the whole vocabulary rather than the drafter's
+                      own draft vocabulary (methods: dflash_fullvocab; `blockdraft.draft_vocab`)
     dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
                       path, on the stock dense layers (methods: dflash_hf): what the fast path buys
     no_draft          plain autoregressive decoding through our engine (the same target forward)
@@ -18,6 +20,7 @@ generation per method precedes the timed ones. Each generation becomes one `Reco
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -38,6 +41,7 @@ from blockdraft.target import TargetModel
 log = logging.getLogger(__name__)
 
 BASE_METHODS = ("no_draft", "hf_generate", "hf_prompt_lookup")
+_FULL_VOCAB: "weakref.WeakKeyDictionary[Pipeline, SpeculativeEngine]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -81,19 +85,21 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
     """Expand 'dflash' into one dflash-bN per block size; validate the rest."""
     names: list[str] = []
     for m in settings.methods:
-        if m == "dflash":
+        if m in ("dflash", "dflash_fullvocab"):
             if trained_block_size is None:
-                raise InvalidArgumentError("method 'dflash' needs a drafter")
+                raise InvalidArgumentError(f"method {m!r} needs a drafter")
+            suffix = "" if m == "dflash" else "-fullvocab"
             for b in settings.block_sizes or (trained_block_size,):
                 if not 2 <= b <= trained_block_size:
                     raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
-                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") for v in settings.verify]
+                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") + suffix for v in settings.verify]
         elif m in BASE_METHODS:
             names.append(m)
         elif m == "dflash_hf":
             names.append("dflash-hfpath")
         else:
-            raise InvalidArgumentError(f"method {m!r}: expected dflash, dflash_hf, {', '.join(BASE_METHODS)}")
+            raise InvalidArgumentError(
+                f"method {m!r}: expected dflash, dflash_fullvocab, dflash_hf, {', '.join(BASE_METHODS)}")
     bad = [v for v in settings.verify if v not in VERIFY_MODES]
     if bad:
         raise InvalidArgumentError(f"verify mode {bad[0]!r}: expected one of {VERIFY_MODES}")
@@ -120,19 +126,32 @@ def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, s
                 seed: int) -> tuple[list[int], GenerationStats, float]:
     options = _options(method, s, stops, seed)
     stats = GenerationStats(block_size=1)
-    engine = _hf_path_engine(pipe) if method == "dflash-hfpath" else pipe.engine
+    engine = _engine(pipe, method)
     t0 = now(pipe.target.device)
     tokens = [t for chunk in engine.decode(ids, options, stats) for t in chunk]
     elapsed = now(pipe.target.device) - t0
-    if engine is not pipe.engine:
+    if engine.target is not pipe.target:
         engine.target.set_feature_layers([])  # unhook the shared HF layers: the other methods pay nothing
     return tokens, stats, elapsed
+
+
+def _engine(pipe: Pipeline, method: str) -> SpeculativeEngine:
+    """The engine a method runs on: the pipeline's, or a variant (built once, then reused)."""
+    if method == "dflash-hfpath":
+        return _hf_path_engine(pipe)
+    if method.endswith("-fullvocab"):
+        if pipe not in _FULL_VOCAB:  # with its own adaptive policy, learned across calls like the pipeline's
+            _FULL_VOCAB[pipe] = SpeculativeEngine(pipe.target, pipe.drafter, draft_window=pipe.engine.draft_window,
+                                                   draft_vocab=False)
+        return _FULL_VOCAB[pipe]
+    return pipe.engine
 
 
 def _hf_path_engine(pipe: Pipeline) -> SpeculativeEngine:
     """The same target weights and drafter through the Hugging Face adapter (hooks, DynamicCache), on the
     stock dense layers: what the fast path (our loop, static cache, packed kernels) buys over it."""
-    return SpeculativeEngine(TargetModel(pipe.target.stock_model(), pipe.tokenizer), pipe.drafter)
+    return SpeculativeEngine(TargetModel(pipe.target.stock_model(), pipe.tokenizer), pipe.drafter,
+                             draft_window=pipe.engine.draft_window)
 
 
 def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops: tuple[int, ...],
@@ -161,7 +180,7 @@ def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
                          stop_token_ids=stops,
                          sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
-                         verify="adaptive" if method.endswith("-adaptive") else "fixed")
+                         verify="adaptive" if "-adaptive" in method else "fixed")
 
 
 def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[int], method: str,
@@ -230,6 +249,8 @@ def run_bench(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], s: Be
 def run_replay(pipe: Pipeline, prompts: list[Prompt], s: BenchSettings, rows: int) -> dict[str, Any]:
     """Greedy acceptance at each block size by replay (`blockdraft.bench.replay`): the first turns decode
     plainly, `rows` at a time, then each block size replays every continuation through the drafter."""
+    if s.temperature != 0:
+        raise InvalidArgumentError(f"replay measures greedy acceptance: expected temperature 0, got {s.temperature}")
     ids = [pipe.encode(messages=p.messages, chat_template_kwargs=s.chat_template_kwargs) for p in prompts]
     stops = pipe.stop_token_ids()
     plain = [_options("no_draft", s, stops, 0)] * len(ids)
@@ -257,7 +278,7 @@ def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], met
     for m in tqdm(engine_methods, desc=f"batch {rows}", unit="method", dynamic_ncols=True):
         options = [_options(m, s, pipe.stop_token_ids(), s.seed * 100_003 + i) for i in range(len(ids))]
         t0 = now(pipe.target.device)
-        results = {i: (tokens, st) for i, tokens, st in BatchEngine(pipe.engine, rows).run(ids, options)}
+        results = {i: (tokens, st) for i, tokens, st in BatchEngine(_engine(pipe, m), rows).run(ids, options)}
         seconds = now(pipe.target.device) - t0
         outputs[m] = [results[i][0] for i in range(len(ids))]
         tokens = sum(len(t) for t in outputs[m])

@@ -215,10 +215,13 @@ class Trainer:
             raise InvalidArgumentError(f"vocab={cfg.vocab!r}: expected 'full' or 'data'")
         self.vocab = TrainVocab(sequences, target.vocab_size, cfg.vocab_negatives, cfg.seed) \
             if cfg.vocab == "data" else None
-        if cfg.distill and not (0 < cfg.distill <= 1 and isinstance(features, OnlineFeatures)
-                                and features.teacher_k > 0):
+        teacher_k = features.teacher_k if isinstance(features, OnlineFeatures) else 0
+        if cfg.distill and not (0 < cfg.distill <= 1 and teacher_k == cfg.distill_topk > 0):
             raise InvalidArgumentError(f"distill={cfg.distill}: expected a weight in (0, 1] and online features "
-                                       "with a teacher top-k (--features online)")
+                                       f"with the teacher's top-{cfg.distill_topk} (--features online)")
+        if teacher_k and not cfg.distill:
+            raise InvalidArgumentError(f"features keep the teacher's top-{teacher_k} but distill=0: expected "
+                                       "OnlineFeatures(teacher_k=0) without distillation")
         self.forward = BlockForward(drafter)
         if self.world > 1:
             self.forward = nn.parallel.DistributedDataParallel(self.forward)

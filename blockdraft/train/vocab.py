@@ -4,8 +4,9 @@ Scoring all V tokens of the target's LM head is most of a CPU training step (for
 against ~10K distinct tokens in 330K regenerated response tokens). `TrainVocab` scores only the tokens
 that appear as labels in the training data, plus `negatives` others drawn afresh every step (a function of
 (seed, step), so a resumed run draws the same ones), which keeps the rest of the vocabulary pushed down.
-Labels outside the sub-vocabulary are dropped from the loss. The drafter itself is unchanged: inference
-still scores the whole vocabulary, and the engine's acceptance measures the result.
+Labels outside the sub-vocabulary are dropped from the loss. The drafter itself is unchanged: at inference
+it scores the whole vocabulary, or its own draft vocabulary (`blockdraft.draft_vocab`), and the engine's
+acceptance measures the result.
 """
 from __future__ import annotations
 
@@ -38,6 +39,6 @@ class TrainVocab:
 
     def remap(self, labels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Labels as indices into `rows` (IGNORE stays IGNORE; tokens not in `rows` become IGNORE)."""
-        lookup = torch.full((self.vocab_size,), IGNORE, dtype=torch.long)
-        lookup[rows] = torch.arange(rows.numel())
+        lookup = torch.full((self.vocab_size,), IGNORE, dtype=torch.long, device=labels.device)
+        lookup[rows.to(labels.device)] = torch.arange(rows.numel(), device=labels.device)
         return torch.where(labels == IGNORE, IGNORE, lookup[labels.clamp_min(0)])

@@ -2,10 +2,12 @@
 import json
 
 import pytest
+import torch
 
 from blockdraft.adaptive import AdaptiveVerify
 from blockdraft.bench.report import markdown, plots, summaries, summarize
-from blockdraft.bench.runner import BenchSettings, Record, method_names, run_bench
+from blockdraft.api import Pipeline
+from blockdraft.bench.runner import BenchSettings, Record, _engine, method_names, run_batched, run_bench
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
 from tests.conftest import tiny_pipeline
@@ -41,6 +43,25 @@ def test_every_method_runs_every_turn_and_greedy_outputs_agree(pipe):
     assert [r.acceptance_lengths for r in hf_path] == [r.acceptance_lengths for r in records if r.method == "dflash-b6"]
     assert set(table) == {"chat", "overall"} and "mean_acceptance_length" not in table["overall"]["hf_generate"]
     assert all(r.ttft_s <= r.total_s for r in records)
+
+
+def test_the_full_vocabulary_variant_runs_beside_the_draft_vocabulary():
+    pipe = tiny_pipeline("qwen3", seed=4)
+    pipe.drafter.draft_vocab = torch.arange(0, pipe.target.vocab_size, 2)
+    pipe = Pipeline(pipe.target, pipe.drafter)
+    s = BenchSettings(max_new_tokens=10, block_sizes=(6,), verify=("fixed", "adaptive"),
+                      methods=("dflash", "dflash_fullvocab", "no_draft"), turns=1)
+    methods, records = run_bench(pipe, PROMPTS, s, progress=False)
+    assert methods == ["dflash-b6", "dflash-b6-adaptive", "dflash-b6-fullvocab", "dflash-b6-adaptive-fullvocab",
+                       "no_draft"]
+    table = summaries(records, methods, greedy=True)["overall"]
+    assert all(table[m]["identical_to_no_draft"] == table[m]["compared"] == 2 for m in methods)
+    full = [r for r in records if r.method == "dflash-b6-fullvocab"]
+    assert _engine(pipe, "dflash-b6-fullvocab").draft_ids is None and pipe.engine.draft_ids is not None
+    assert _engine(pipe, "dflash-b6-adaptive-fullvocab") is _engine(pipe, "dflash-b6-fullvocab")
+    assert len(full) == 2 and all(r.acceptance_lengths for r in full)
+    batched = run_batched(pipe, PROMPTS, methods, s, rows=2)
+    assert all(batched[m]["identical_to_no_draft"] == 2 for m in methods)
 
 
 def test_sampled_runs_are_reproducible(pipe):

@@ -79,5 +79,9 @@ def test_distillation_needs_online_features_with_a_teacher(tmp_path):
         with pytest.raises(InvalidArgumentError, match=r"distill=0.5: expected .* \(--features online\)"):
             Trainer(cfg, target, drafter, seqs, features)
     with pytest.raises(InvalidArgumentError, match="distill=1.5"):
-        Trainer(TrainConfig(out=str(tmp_path / "run"), distill=1.5), target, drafter, seqs,
+        Trainer(TrainConfig(out=str(tmp_path / "run"), distill=1.5, distill_topk=4), target, drafter, seqs,
                 OnlineFeatures(target, teacher_k=4))
+    with pytest.raises(InvalidArgumentError, match="teacher's top-16"):  # the features keep another k
+        Trainer(cfg, target, drafter, seqs, OnlineFeatures(target, teacher_k=4))
+    with pytest.raises(InvalidArgumentError, match="top-4 but distill=0"):  # would keep teachers nobody takes
+        Trainer(TrainConfig(out=str(tmp_path / "run")), target, drafter, seqs, OnlineFeatures(target, teacher_k=4))

@@ -91,7 +91,8 @@ def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path
     prompts = [counting(6, s).tolist() for s in (0, 7, 15)]
     before = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
     cfg = TrainConfig(out=str(tmp_path / "run"), epochs=5, lr=3e-3, max_anchors=16, log_every=20, save_every=1000,
-                      eval_every=0, eval_max_new_tokens=40, vocab=vocab, vocab_negatives=0, distill=distill)
+                      eval_every=0, eval_max_new_tokens=40, vocab=vocab, vocab_negatives=0, distill=distill,
+                      distill_topk=4)
     features = OnlineFeatures(counter, teacher_k=4 if distill else 0)
     Trainer(cfg, counter, drafter, sequences(64), features, prompts).run()
     after = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
