@@ -103,6 +103,8 @@ class SpeculativeEngine:
         self.policy = policy  # learned across calls; built from the measured cost curve on first use
         # the LM head the drafts are scored with: the target's, or the rows of the drafter's own vocabulary
         self.draft_head, self.draft_ids = target.lm_head, None
+        # columns of the target's logits (its LM head's rows; models may pad them past the embedding's)
+        self.output_size = getattr(target.lm_head, "out_features", target.vocab_size)
         if drafter is not None:
             check_pair(target, drafter)
             target.set_feature_layers(drafter.config.target_layer_ids)
@@ -217,7 +219,7 @@ class SpeculativeEngine:
         drafter time before this call."""
         t0 = now(self.target.device)
         params, gen = seq.options.sampling, seq.gen
-        ids, vocab = self.draft_ids, self.target.vocab_size
+        ids, vocab = self.draft_ids, self.output_size
         if params.greedy:
             drafts, q = logits.argmax(-1), None
         elif params.draft == "greedy":
