@@ -14,9 +14,13 @@ table learned online from what the target actually accepted (Beta-smoothed count
 Before drafting, the same rate with a_k = the recent acceptance rate of slot k (decayed counts over past
 cycles) decides how many slots to draft at all: the drafter's cost is only worth paying for slots that may
 be verified, and when no draft length beats plain decoding (1 / c(1)) the cycle decodes plainly, drafting
-only every `probe_every` cycles (a few slots, one row of a batch) to keep learning; the interval doubles,
-up to 4x, while probes do not pay. In a batch the verify forward is compute-bound sooner, so the costs are
-those of the whole batch's forward per row.
+only every `probe_every` cycles (a few slots; in a batch one slot of one row, since the whole batch's
+verify is padded to its longest row) to keep learning; the interval doubles, up to 4x, while probes do not
+pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain decoding time
+(in a batch of 8 on a 2-core CPU a probe costs ~40% of a step, so ~40 cycles apart). In a batch the verify forward is compute-bound sooner, so the costs are those of the whole batch's
+forward per row: a curve measured at that batch size when one is given (`set_batch_cost`; `BatchEngine`
+measures it once per device), else interpolated between measured sizes, else extrapolated from the
+single-row curve by total tokens (which underestimates a batch's cost by 10-25% on a 2-core CPU).
 
 Lossless by construction: n is a function of the drafter's distributions and of past cycles only, never of
 the sampled draft tokens, so speculative sampling over the first n drafts is exact for any such n (choosing
@@ -29,15 +33,18 @@ import torch
 from blockdraft.errors import InvalidArgumentError
 
 
-PROBE_DRAFTS = 4  # a probe drafts this many slots (in a batch, every row's verify is padded to the longest)
+PROBE_DRAFTS = 4  # a probe drafts this many slots when decoding alone
+BATCH_PROBE_DRAFTS = 1  # and this many in a batch, where every row's verify is padded to the longest row
 
 
 class AdaptiveVerify:
     def __init__(self, cost: dict[int, float], bins: int = 10, prior: tuple[float, float] = (1.0, 1.0),
-                 momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98, tolerance: float = 0.01) -> None:
-        if 1 not in cost or any(c <= 0 for c in cost.values()):
-            raise InvalidArgumentError(f"cost curve {cost}: expected positive seconds for q = 1..B")
-        self.cost = torch.tensor([cost[q] for q in sorted(cost)], dtype=torch.float64)  # cost[q-1] = c(q)
+                 momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98, tolerance: float = 0.01,
+                 probe_budget: float = 0.01) -> None:
+        self.cost = _curve(cost)  # cost[q-1] = c(q), one row
+        self.batch_cost: dict[int, torch.Tensor] = {}  # rows -> measured curve of that batch size
+        self._per_row: dict[int, torch.Tensor] = {}  # rows -> `_row_costs`
+        self._plan: dict[int, tuple[torch.Tensor, float, float]] = {}  # rows -> `_slot_plan`, until `update`
         self.bins = bins
         self.accepted = torch.full((bins,), prior[0], dtype=torch.float64)
         self.tested = torch.full((bins,), prior[0] + prior[1], dtype=torch.float64)
@@ -45,7 +52,7 @@ class AdaptiveVerify:
         self.slot_passed = torch.full((n,), prior[0], dtype=torch.float64)  # decayed per-slot history
         self.slot_tested = torch.full((n,), prior[0] + prior[1], dtype=torch.float64)
         self.prior, self.decay, self.tolerance = prior, decay, tolerance
-        self.momentum, self.probe_every = momentum, probe_every
+        self.momentum, self.probe_every, self.probe_budget = momentum, probe_every, probe_budget
         self.drafter_s = 0.0
         self.skipped, self.interval = 0, probe_every
 
@@ -64,9 +71,14 @@ class AdaptiveVerify:
         n_max = min(accept.numel(), self.max_drafts)
         reach = torch.cumprod(accept[:n_max], 0)
         committed = 1 + torch.cat([reach.new_zeros(1), torch.cumsum(reach, 0)])
-        cost = self.cost[: n_max + 1] if rows == 1 else torch.tensor(
-            [self.cost_of(rows * (n + 1)) / rows for n in range(n_max + 1)], dtype=torch.float64)
-        return committed / (cost + self.drafter_s)
+        return committed / (self._row_costs(rows)[: n_max + 1] + self.drafter_s)
+
+    def _row_costs(self, rows: int) -> torch.Tensor:
+        """(N + 1,) each row's share of a verify of n = 0..N drafts with `rows` rows (cached per batch size)."""
+        if rows not in self._per_row:
+            self._per_row[rows] = torch.tensor([self.forward_cost(rows, n + 1) / rows
+                                                for n in range(self.max_drafts + 1)], dtype=torch.float64)
+        return self._per_row[rows]
 
     def expected_rate(self, confidence: torch.Tensor) -> torch.Tensor:
         """(N + 1,) expected committed tokens per second when verifying n = 0..N drafts of this block."""
@@ -80,15 +92,28 @@ class AdaptiveVerify:
         """The first index whose rate is within `tolerance` of the largest."""
         return int((rate >= rate.max() * (1 - self.tolerance)).nonzero()[0])
 
+    def set_batch_cost(self, rows: int, cost: dict[int, float]) -> None:
+        """Use `cost` (seconds of a forward of q tokens in each of `rows` rows, q = 1..) for batches of `rows`."""
+        if not isinstance(rows, int) or rows < 2:
+            raise InvalidArgumentError(f"rows={rows!r}: a batch cost curve is for 2 or more rows")
+        self.batch_cost[rows] = _curve(cost)
+        self._per_row.clear()
+        self._plan.clear()
+
     def cost_of(self, tokens: int) -> float:
-        """c(tokens), extrapolated linearly past the measured range from the curve's upper half (batched
-        verifies of many rows are compute-bound, so their cost grows linearly with the tokens)."""
-        q_max = self.cost.numel()
-        if tokens <= q_max:
-            return float(self.cost[tokens - 1])
-        half = max(1, q_max // 2)
-        slope = max(0.0, float(self.cost[-1] - self.cost[half - 1]) / max(1, q_max - half))
-        return float(self.cost[-1]) + (tokens - q_max) * slope
+        """c(tokens) of one row, extrapolated past the measured range (see `_at`)."""
+        return _at(self.cost, tokens)
+
+    def forward_cost(self, rows: int, q: int) -> float:
+        """Seconds of a verify forward of q tokens in each of `rows` rows."""
+        if rows == 1 or not self.batch_cost:
+            return self.cost_of(rows * q)
+        if rows in self.batch_cost:
+            return _at(self.batch_cost[rows], q)
+        # linear in the rows between one row and the nearest measured batch (above, else the largest)
+        big = min((r for r in self.batch_cost if r > rows), default=max(self.batch_cost))
+        one, many = self.cost_of(q), _at(self.batch_cost[big], q)
+        return one + (many - one) * (rows - 1) / (big - 1)
 
     def draft_length(self, limit: int, rows: int = 1) -> int:
         """How many slots (<= limit) to draft this cycle, from the recent acceptance of each slot; 0 = decode
@@ -96,20 +121,43 @@ class AdaptiveVerify:
         a plain step c(rows) / rows (a batch's plain step is already compute-bound, drafts are not free)."""
         if limit <= 0:
             return 0
-        history = self._rate(self.slot_passed / self.slot_tested, rows)[1: limit + 1]  # n = 1..limit
+        history, plain, spacing = self._slot_plan(rows)
+        history = history[:limit]  # n = 1..limit
         best = self._shortest_near_best(history) + 1
-        if history[best - 1] >= rows / self.cost_of(rows):  # beats a plain step
+        if history[best - 1] >= plain:  # beats a plain step
             self.skipped, self.interval = 0, self.probe_every
             return best
         self.skipped += 1 / rows  # counted in cycles: every row of a batch asks once per cycle
-        if self.skipped >= self.interval:  # a probe: draft a few slots, and wait longer before the next one
+        if self.skipped >= max(self.interval, spacing):
+            # a probe: draft a few slots, and wait longer before the next one
             self.skipped, self.interval = 0, min(2 * self.interval, 4 * self.probe_every)
-            return min(limit, PROBE_DRAFTS)
+            return min(limit, self._probe_drafts(rows))
         return 0
+
+    def _slot_plan(self, rows: int) -> tuple[torch.Tensor, float, float]:
+        """For `rows` rows, from the slot history: the rate of drafting n = 1..N, a plain step's rate and the
+        probe spacing. The same for every row of a cycle, so computed once until the next `update`."""
+        if rows not in self._plan:
+            history = self._rate(self.slot_passed / self.slot_tested, rows)[1:]
+            self._plan[rows] = (history, rows / self.forward_cost(rows, 1),
+                                self._probe_spacing(rows, self._probe_drafts(rows)))
+        return self._plan[rows]
+
+    @staticmethod
+    def _probe_drafts(rows: int) -> int:
+        return PROBE_DRAFTS if rows == 1 else BATCH_PROBE_DRAFTS
+
+    def _probe_spacing(self, rows: int, drafts: int) -> float:
+        """Fewest plain cycles between probes for them to cost at most `probe_budget` of the decoding time:
+        a probe pays the drafter and a verify of 1 + `drafts` tokens per row instead of 1."""
+        plain = self.forward_cost(rows, 1)
+        extra = self.forward_cost(rows, 1 + drafts) - plain + self.drafter_s
+        return max(0.0, extra) / (self.probe_budget * plain)
 
     def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:
         """Learn from one speculative cycle: drafts 1..verified were tested in order, `accepted` passed."""
         m = self.momentum
+        self._plan.clear()
         self.drafter_s = drafter_s if self.drafter_s == 0.0 else m * self.drafter_s + (1 - m) * drafter_s
         if not verified:
             return
@@ -125,3 +173,21 @@ class AdaptiveVerify:
             counts.mul_(self.decay).add_((1 - self.decay) * base)
         self.slot_tested[:tested] += ones
         self.slot_passed[:tested] += hits
+
+
+def _curve(cost: dict[int, float]) -> torch.Tensor:
+    """{q: seconds} for q = 1..B -> tensor (B,) with [q - 1] = c(q)."""
+    if sorted(cost) != list(range(1, len(cost) + 1)) or any(c <= 0 for c in cost.values()):
+        raise InvalidArgumentError(f"cost curve {cost}: expected positive seconds for q = 1..B")
+    return torch.tensor([cost[q] for q in sorted(cost)], dtype=torch.float64)
+
+
+def _at(curve: torch.Tensor, q: int) -> float:
+    """curve[q - 1], extrapolated linearly past the measured range from the curve's upper half (large
+    verifies are compute-bound, so their cost grows linearly with the tokens)."""
+    q_max = curve.numel()
+    if q <= q_max:
+        return float(curve[q - 1])
+    half = max(1, q_max // 2)
+    slope = max(0.0, float(curve[-1] - curve[half - 1]) / max(1, q_max - half))
+    return float(curve[-1]) + (q - q_max) * slope

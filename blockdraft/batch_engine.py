@@ -64,6 +64,8 @@ class BatchEngine:
     def _batched(self, states: list[DecodeState]) -> Iterator[tuple[int, list[int], GenerationStats]]:
         engine, target = self.engine, self.engine.target
         rows = min(self.rows, len(states))
+        if any(s.policy is not None for s in states):
+            engine.calibrate_batch(rows)
         longest = max((len(s.prompt) + s.options.max_new_tokens for s in states), default=1)
         cache = target.new_cache(rows=rows, capacity=longest + max(s.block for s in states) + 1)
         slots: list[_Slot | None] = [None] * rows

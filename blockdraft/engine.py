@@ -20,6 +20,7 @@ from blockdraft.costs import cached_cost_curve
 from blockdraft.draft_vocab import draft_head
 from blockdraft.drafter import DraftCache, Drafter
 from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
+from blockdraft.fast_target import FastTarget
 from blockdraft.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
 from blockdraft.stats import GenerationStats, now
 from blockdraft.target import TargetModel
@@ -283,6 +284,13 @@ class SpeculativeEngine:
         if self.policy is None:
             self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.drafter.config.block_size))
         return self.policy
+
+    def calibrate_batch(self, rows: int) -> None:
+        """Give the adaptive policy the measured cost of verifying in batches of `rows` (once per device and
+        batch size: cached like the one-row curve). Only fast-path targets decode in batches."""
+        policy = self.adaptive_policy()
+        if rows > 1 and rows not in policy.batch_cost and isinstance(self.target, FastTarget):
+            policy.set_batch_cost(rows, cached_cost_curve(self.target, self.drafter.config.block_size, rows=rows))
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
         """One token from one row of logits (V,): argmax, or a draw from the truncated distribution."""

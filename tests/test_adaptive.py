@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.adaptive import PROBE_DRAFTS, AdaptiveVerify
+from blockdraft.adaptive import BATCH_PROBE_DRAFTS, PROBE_DRAFTS, AdaptiveVerify
 from blockdraft.engine import SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.sampling import SamplingParams
@@ -34,7 +34,7 @@ def test_verifies_more_drafts_when_they_are_likely_accepted():
 
 
 def test_drafts_only_the_slots_worth_drafting_and_probes_when_nothing_pays():
-    policy = AdaptiveVerify(STEEP, probe_every=4)
+    policy = AdaptiveVerify(STEEP, probe_every=4, probe_budget=10.0)  # spacing by the interval alone
     assert 0 < policy.draft_length(7) < 7 and policy.draft_length(0) == 0  # prior: half the drafts pass
     for _ in range(60):
         policy.update(torch.full((7,), 0.5), verified=3, accepted=0, drafter_s=0.5)
@@ -136,7 +136,7 @@ def _counts(engine) -> np.ndarray:
 
 def test_a_batch_drafts_only_when_its_compute_bound_verify_still_pays():
     cpu = {q: 1.0 + (0.0 if q <= 8 else 0.06 * (q - 8)) for q in range(1, 17)}  # flat, then linear
-    policy = AdaptiveVerify(cpu)
+    policy = AdaptiveVerify(cpu, probe_budget=10.0)  # probes spaced by the interval alone
     for _ in range(100):  # about 40% of slot 1 and half of the later ones pass
         for accepted in (0, 0, 0, 1, 3):
             policy.update(torch.full((15,), 0.5), verified=15, accepted=accepted, drafter_s=0.1)
@@ -145,8 +145,45 @@ def test_a_batch_drafts_only_when_its_compute_bound_verify_still_pays():
     assert all(policy.draft_length(15, rows=8) == 0 for _ in range(5))  # 8 rows x drafts: compute-bound
     policy.skipped, policy.interval = 0, 2
     calls = [policy.draft_length(15, rows=8) for _ in range(16)]  # two cycles of 8 rows: one probe, one row
-    assert calls == [0] * 15 + [PROBE_DRAFTS]
+    assert calls == [0] * 15 + [BATCH_PROBE_DRAFTS]
     gpu = AdaptiveVerify({q: 1.0 for q in range(1, 17)})
     for _ in range(100):
         gpu.update(torch.full((15,), 0.5), verified=15, accepted=3, drafter_s=0.01)
     assert gpu.draft_length(15, rows=8) > 0
+
+
+def test_a_measured_batch_curve_replaces_the_extrapolation():
+    one = {q: 1.0 for q in range(1, 9)}  # one row: a verify of up to 8 tokens costs one step
+    policy = AdaptiveVerify(one)
+    for _ in range(100):  # ~60% of slot 1 passes: a draft pays if it costs under ~1.6 plain steps per row
+        for accepted in (0, 0, 1, 2, 3):
+            policy.update(torch.full((7,), 0.5), verified=7, accepted=accepted, drafter_s=0.0)
+    assert policy.forward_cost(4, 2) == 1.0  # extrapolated by total tokens: 8 tokens, one step
+    assert policy.draft_length(7, rows=4) > 0
+    # measured: 4 rows of q tokens cost q (compute-bound), so no draft pays for itself
+    policy.set_batch_cost(4, {q: float(q) for q in range(1, 9)})
+    assert policy.forward_cost(4, 2) == 2.0 and policy.forward_cost(4, 10) == pytest.approx(10.0)
+    assert policy.forward_cost(1, 2) == 1.0  # one row keeps its own curve
+    assert policy.forward_cost(3, 2) == pytest.approx(1.0 + (2.0 - 1.0) * 2 / 3)  # between 1 and 4 rows
+    assert policy.forward_cost(7, 2) == pytest.approx(1.0 + (2.0 - 1.0) * 6 / 3)  # past the largest measured
+    assert all(policy.draft_length(7, rows=4) == 0 for _ in range(3))
+    with pytest.raises(InvalidArgumentError, match="rows=1"):
+        policy.set_batch_cost(1, one)
+    with pytest.raises(InvalidArgumentError, match="q = 1..B"):
+        policy.set_batch_cost(4, {1: 1.0, 3: 2.0})
+
+
+def test_probes_are_spaced_to_cost_at_most_the_budget():
+    batch = {q: float(q) for q in range(1, 9)}  # 4 rows: compute-bound, a 1-draft probe doubles the step
+    policy = AdaptiveVerify({q: 1.0 for q in range(1, 9)}, probe_every=2, probe_budget=0.05)
+    policy.set_batch_cost(4, batch)
+    for _ in range(100):
+        policy.update(torch.full((7,), 0.5), verified=7, accepted=0, drafter_s=0.5)
+    # per probe: (c(4 rows, 2) - c(4 rows, 1)) + drafter 0.5 = 1.5 = 5% of 30 plain steps of 1.0
+    assert policy._probe_spacing(4, 1) == pytest.approx(30.0)
+    cycles = 0
+    while policy.draft_length(7, rows=4) == 0:
+        cycles += 1 / 4
+    assert cycles == pytest.approx(30.0, abs=0.25)
+    # one row: a 4-draft verify costs one step, so only the drafter counts: 0.5 / (0.05 * 1.0) = 10 cycles
+    assert policy._probe_spacing(1, PROBE_DRAFTS) == pytest.approx(10.0)

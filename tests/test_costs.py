@@ -1,7 +1,12 @@
+import pytest
+
+from blockdraft.batch_engine import BatchEngine
 from blockdraft.costs import verify_cost_curve
+from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.errors import InvalidArgumentError
 from blockdraft.fast_target import FastTarget
 from blockdraft.target import TargetModel
-from tests.conftest import tiny_hf_model
+from tests.conftest import tiny_drafter, tiny_hf_model
 
 
 def test_cost_curve_covers_every_verify_size_and_leaves_the_cache_intact():
@@ -9,3 +14,22 @@ def test_cost_curve_covers_every_verify_size_and_leaves_the_cache_intact():
         target.set_feature_layers([1])
         curve = verify_cost_curve(target, 6, context=20, repeats=2)
         assert sorted(curve) == [1, 2, 3, 4, 5, 6] and all(t > 0 for t in curve.values())
+
+
+def test_batch_cost_curve_needs_the_fast_path_and_keeps_every_row_intact():
+    target = FastTarget(tiny_hf_model("llama"))
+    target.set_feature_layers([1])
+    curve = verify_cost_curve(target, 4, context=20, repeats=2, rows=3)
+    assert sorted(curve) == [1, 2, 3, 4] and all(t > 0 for t in curve.values())
+    with pytest.raises(InvalidArgumentError, match="3-row cost curve needs a fast-path target"):
+        verify_cost_curve(TargetModel(tiny_hf_model("qwen3")), 4, context=20, rows=3)
+
+
+def test_batch_engine_measures_its_batch_size_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_HOME", str(tmp_path))
+    target = FastTarget(tiny_hf_model("llama"))
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=4))
+    opts = DecodeOptions(max_new_tokens=6, verify="adaptive")
+    list(BatchEngine(engine, rows=3).run([[1, 2, 3], [4, 5], [6]], opts))
+    assert sorted(engine.policy.batch_cost) == [3] and engine.policy.batch_cost[3].numel() == 4
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 2  # the one-row curve and the 3-row one

@@ -62,3 +62,20 @@ def test_shipped_benchmarks():
     assert len(he) == 3 and he[0].id == "HumanEval/0"
     assert he[0].text.startswith("Write a solution to the following problem and make sure that it passes the tests:")
     assert "```python\nfrom typing import List" in he[0].text
+
+
+def test_whole_conversations_alternate_and_end_on_an_answer():
+    from blockdraft.prompts import conversation
+
+    def sg(*turns):
+        return {"conversations": [{"from": f, "value": v} for f, v in turns]}
+
+    chat = sg(("system", "be kind"), ("human", "a"), ("gpt", "b"), ("human", "c"), ("gpt", "d"), ("human", "e"))
+    assert [m["content"] for m in conversation(chat)] == ["be kind", "a", "b", "c", "d"]  # the open question goes
+    assert [m["content"] for m in conversation(sg(("human", "a"), ("gpt", "b"), ("gpt", "b2"), ("human", "c")))] \
+        == ["a", "b"]  # cut where the alternation breaks
+    assert [m["content"] for m in conversation(sg(("human", "a"), ("gpt", "b"), ("human", " "), ("gpt", "x")))] \
+        == ["a", "b"]  # and at an empty turn
+    assert conversation(sg(("human", "a"))) is None  # no answer
+    assert conversation(sg(("gpt", "a"), ("human", "b"), ("gpt", "c"))) is None  # a continuation without context
+    assert conversation({"prompt": "plain"}) is None

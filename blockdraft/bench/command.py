@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="chat templates with an enable_thinking flag get it (recorded in the JSON)")
     p.add_argument("--batch", type=int, default=0,
                    help="also decode all first turns together, this many rows at a time (0: skip)")
+    p.add_argument("--batch-rounds", type=int, default=1,
+                   help="run the batched methods this many times, in reverse order every other round, and report "
+                        "tokens/s over all rounds (cancels a machine's drift between methods)")
     p.add_argument("--batch-only", action="store_true",
                    help="only the batched run, per dataset (first turns): a quick tau and agreement check over "
                         "many prompts; needs --batch")
@@ -111,7 +114,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     if args.batch_only:
         methods = method_names(settings, pipe.drafter.config.block_size if pipe.drafter is not None else None)
         result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {
-            d: run_batched(pipe, {d: ps}, methods, settings, args.batch) for d, ps in prompts.items()}}
+            d: run_batched(pipe, {d: ps}, methods, settings, args.batch, args.batch_rounds) for d, ps in prompts.items()}}
         return result
     methods, records = run_bench(pipe, prompts, settings)
     result = _header(args, pipe, prompts, methods, settings) | {
@@ -120,7 +123,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     }
     result["memory"] = pipe.memory_report(max(r.prompt_tokens + r.new_tokens for r in records))
     if args.batch:
-        result["batch"] = run_batched(pipe, prompts, methods, settings, args.batch)
+        result["batch"] = run_batched(pipe, prompts, methods, settings, args.batch, args.batch_rounds)
     blocks = [r.block_size for r in records if r.block_size > 1]
     if blocks and not args.no_cost:
         context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in records))

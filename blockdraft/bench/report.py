@@ -142,8 +142,10 @@ def _f(x: Any, spec: str = ".2f") -> str:
 
 def _batch_lines(title: str, batch: dict[str, dict[str, Any]]) -> list[str]:
     base = batch.get("no_draft", {}).get("tokens_per_second")
-    rows = next(iter(batch.values()))["rows"]
-    lines = ["", f"Batched ({rows} rows, {title}, continuous batching):", "",
+    first = next(iter(batch.values()))
+    rows, rounds = first["rows"], len(first.get("rounds_tokens_per_second", [0]))
+    lines = ["", f"Batched ({rows} rows, {title}, continuous batching"
+             + (f", {rounds} interleaved rounds" if rounds > 1 else "") + "):", "",
              "| method | total tok/s | x no_draft | tau | identical |", "|---|---|---|---|---|"]
     for m, b in batch.items():
         same = f"{b['identical_to_no_draft']}/{b['requests']}" if "identical_to_no_draft" in b else "-"

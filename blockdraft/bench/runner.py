@@ -267,25 +267,38 @@ def run_replay(pipe: Pipeline, prompts: list[Prompt], s: BenchSettings, rows: in
 
 
 def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], methods: list[str], s: BenchSettings,
-                rows: int) -> dict[str, dict[str, Any]]:
+                rows: int, rounds: int = 1) -> dict[str, dict[str, Any]]:
     """First turns of all prompts through the batched engine, `rows` at a time, per engine method:
-    total new tokens / wall time, and greedy agreement with the batched plain decoding."""
+    total new tokens / wall time, and greedy agreement with the batched plain decoding. With `rounds` > 1
+    the methods run that many times, in reverse order every other round (ABBA), so a machine whose speed
+    drifts during the run biases no method; tokens/s is over all rounds, with each round's figure kept."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise InvalidArgumentError(f"rounds={rounds!r}: expected an integer >= 1")
     engine_methods = [m for m in methods if not m.startswith("hf_") and m != "dflash-hfpath"]
     ids = [pipe.encode(messages=p.messages, chat_template_kwargs=s.chat_template_kwargs)
            for ps in prompts_by_dataset.values() for p in ps]
     out: dict[str, dict[str, Any]] = {}
     outputs: dict[str, list[list[int]]] = {}
-    for m in tqdm(engine_methods, desc=f"batch {rows}", unit="method", dynamic_ncols=True):
+    lengths: dict[str, list[list[int]]] = {}
+    for m in engine_methods:
+        if "-adaptive" in m:  # measure (or load) the batch's verify cost curve outside the timing
+            _engine(pipe, m).calibrate_batch(min(rows, len(ids)))
+    order = [m for r in range(rounds) for m in (engine_methods if r % 2 == 0 else engine_methods[::-1])]
+    for m in tqdm(order, desc=f"batch {rows}", unit="run", dynamic_ncols=True):
         options = [_options(m, s, pipe.stop_token_ids(), s.seed * 100_003 + i) for i in range(len(ids))]
         t0 = now(pipe.target.device)
         results = {i: (tokens, st) for i, tokens, st in BatchEngine(_engine(pipe, m), rows).run(ids, options)}
         seconds = now(pipe.target.device) - t0
         outputs[m] = [results[i][0] for i in range(len(ids))]
         tokens = sum(len(t) for t in outputs[m])
-        lengths = [results[i][1].acceptance_lengths for i in range(len(ids))]
-        out[m] = {"rows": rows, "requests": len(ids), "new_tokens": tokens, "seconds": seconds,
-                  "tokens_per_second": tokens / seconds if seconds else 0.0,
-                  "mean_acceptance_length": mean_acceptance_length(lengths)}
+        lengths.setdefault(m, []).extend(results[i][1].acceptance_lengths for i in range(len(ids)))
+        rec = out.setdefault(m, {"rows": rows, "requests": len(ids), "new_tokens": 0, "seconds": 0.0,
+                                 "rounds_tokens_per_second": []})
+        rec["new_tokens"] += tokens
+        rec["seconds"] += seconds
+        rec["rounds_tokens_per_second"].append(tokens / seconds if seconds else 0.0)
+        rec["tokens_per_second"] = rec["new_tokens"] / rec["seconds"] if rec["seconds"] else 0.0
+        rec["mean_acceptance_length"] = mean_acceptance_length(lengths[m])
     if s.temperature == 0 and "no_draft" in outputs:
         for m, toks in outputs.items():
             out[m]["identical_to_no_draft"] = sum(a == b for a, b in zip(toks, outputs["no_draft"]))

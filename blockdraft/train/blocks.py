@@ -10,6 +10,13 @@ sequence train in one forward: queries = all blocks, keys = [context (the whole 
                                             sequence or the loss mask are ignored (IGNORE)
 The mask is built from original positions and block membership, never from block indices alone, so
 overlapping blocks (dense anchors) stay separate.
+
+Target labels (`greedy`): on text the target did not write itself, slot k instead learns g[p_n + k - 1],
+the target's own greedy token after the data's tokens up to p_n + k - 1, and only while the data followed
+the target through slots 1..k-1 (token p_n + j == g[p_n + j - 1] for j < k). Every kept label is then
+exactly the token the target would decode at that slot after that block's anchor, so any corpus trains the
+drafter on the target's own choices; slot 1 always keeps its label, deeper slots only where the text
+agrees with the target. On the target's own greedy answers this gives the data labels back.
 """
 from __future__ import annotations
 
@@ -50,8 +57,12 @@ class Blocks:
 
 
 def build_blocks(tokens: list[torch.Tensor], loss_masks: list[torch.Tensor], anchors: list[torch.Tensor],
-                 block_size: int, mask_token_id: int, context_len: int) -> Blocks:
-    """Blocks for b sequences (tokens[i] (T_i,), anchors[i] (N_i,)), padded to N = max N_i and T = context_len."""
+                 block_size: int, mask_token_id: int, context_len: int,
+                 greedy: list[torch.Tensor] | None = None) -> Blocks:
+    """Blocks for b sequences (tokens[i] (T_i,), anchors[i] (N_i,)), padded to N = max N_i and T = context_len.
+
+    greedy[i] (T_i,): the target's greedy next token after each position of sequence i; given, the labels are
+    the target's (see the module docstring), else the data's."""
     b, B = len(tokens), block_size
     n_max = max(1, max(a.numel() for a in anchors))
     anchor_pos = torch.zeros(b, n_max, dtype=torch.long)
@@ -69,7 +80,13 @@ def build_blocks(tokens: list[torch.Tensor], loss_masks: list[torch.Tensor], anc
         inside = pos < tok.numel()
         safe = pos.clamp_max(tok.numel() - 1)
         supervised = inside & lm.bool()[safe] & valid[i, :, None]
-        labels[i, :, 1:] = torch.where(supervised, tok[safe], IGNORE)
+        if greedy is None:
+            labels[i, :, 1:] = torch.where(supervised, tok[safe], IGNORE)
+        else:
+            own = greedy[i][(pos - 1).clamp_max(tok.numel() - 1)].where(inside, IGNORE)  # (N, B-1)
+            followed = (tok[safe] == own).long().cumprod(-1)  # the data agreed with the target up to slot k
+            keep = supervised & torch.cat([torch.ones_like(followed[:, :1]), followed[:, :-1]], 1).bool()
+            labels[i, :, 1:] = torch.where(keep, own, IGNORE)
     return Blocks(input_ids.view(b, -1), positions.view(b, -1), labels.view(b, -1), anchor_pos, valid, B)
 
 

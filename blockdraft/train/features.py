@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
@@ -33,29 +33,42 @@ class OnlineFeatures:
     """Runs the (frozen) target on each sequence when it is needed.
 
     With `teacher_k` > 0 the same forward also keeps the target's top-k next-token distribution of the
-    sequence, which `teacher(seq)` hands out once (distillation, see `blockdraft.train.distill`).
+    sequence, which `teacher(seq)` hands out once (distillation, see `blockdraft.train.distill`); with
+    `greedy`, its greedy next token at every position, which `greedy_tokens(seq)` hands out once (target
+    labels, see `blockdraft.train.blocks`).
     """
 
-    def __init__(self, target: TargetModel, teacher_k: int = 0) -> None:
+    def __init__(self, target: TargetModel, teacher_k: int = 0, greedy: bool = False) -> None:
         if teacher_k < 0:
             raise InvalidArgumentError(f"teacher top-k={teacher_k}: expected >= 0")
-        self.target, self.teacher_k = target, teacher_k
+        self.target, self.teacher_k, self.greedy = target, teacher_k, greedy
         self._teachers: dict[str, TeacherTopK] = {}
+        self._greedy: dict[str, torch.Tensor] = {}
 
     def __call__(self, seq: Sequence) -> torch.Tensor:
         ids = seq.input_ids[None].to(self.target.device)
         logits, feats = self.target.forward(ids, self.target.new_cache(), 0, features=True,
-                                            last_only=not self.teacher_k)
+                                            last_only=not (self.teacher_k or self.greedy))
         if self.teacher_k:
             self._teachers[seq.id] = teacher_topk(logits[0], self.teacher_k)
+        if self.greedy:
+            self._greedy[seq.id] = logits[0].argmax(-1).cpu()
         return feats[0].clone()  # outside inference mode: a normal tensor autograd may use
+
+    def greedy_tokens(self, seq: Sequence) -> torch.Tensor:
+        """(T,) the target's greedy next token after each position of `seq` (call after its features)."""
+        return _handed_out(self._greedy, seq, "greedy tokens", "greedy=True")
 
     def teacher(self, seq: Sequence) -> TeacherTopK:
         """The top-k distribution computed with `seq`'s features (call after them; handed out once)."""
-        if seq.id not in self._teachers:
-            raise InvalidArgumentError(f"no teacher distribution for {seq.id!r}: expected OnlineFeatures("
-                                       f"teacher_k > 0) to have computed its features first")
-        return self._teachers.pop(seq.id)
+        return _handed_out(self._teachers, seq, "teacher distribution", "teacher_k > 0")
+
+
+def _handed_out(store: dict[str, Any], seq: Sequence, what: str, option: str) -> Any:
+    if seq.id not in store:
+        raise InvalidArgumentError(f"no {what} for {seq.id!r}: expected OnlineFeatures({option}) to have "
+                                   "computed its features first")
+    return store.pop(seq.id)
 
 
 class MemoryFeatures:
@@ -63,11 +76,15 @@ class MemoryFeatures:
 
     For accelerators with room to spare (an H200 holds ~10K sequences' features in bf16): training then never
     waits for the target. Right padding is exact here: attention is causal, so no real token sees a pad.
+    With `greedy`, the target's greedy next tokens are kept too (`greedy_tokens`, as `OnlineFeatures`); the
+    batches are then 8x smaller, as they hold every position's logits.
     """
 
     def __init__(self, target: TargetModel, sequences: list[Sequence], dtype: torch.dtype,
-                 tokens_per_batch: int = 65536) -> None:
+                 tokens_per_batch: int = 65536, greedy: bool = False) -> None:
         self.store: dict[str, torch.Tensor] = {}
+        self.greedy, self._greedy = greedy, {}
+        tokens_per_batch = tokens_per_batch // 8 if greedy else tokens_per_batch
         order = sorted(sequences, key=lambda s: s.input_ids.numel(), reverse=True)
         size = feature_bytes(sum(s.input_ids.numel() for s in order), target.feature_layer_ids,
                              target.hidden_size, dtype)
@@ -88,15 +105,23 @@ class MemoryFeatures:
         for row, seq in enumerate(chunk):
             ids[row, : seq.input_ids.numel()] = seq.input_ids
         cache = target.new_cache(rows=len(chunk), capacity=longest)
-        _, feats = target.forward(ids.to(target.device), cache, 0, features=True, last_only=True)  # (b, T, K*D)
+        logits, feats = target.forward(ids.to(target.device), cache, 0, features=True,
+                                       last_only=not self.greedy)  # feats (b, T, K*D)
         for row, seq in enumerate(chunk):
             self.store[seq.id] = feats[row, : seq.input_ids.numel()].to(dtype).clone()
+            if self.greedy:
+                self._greedy[seq.id] = logits[row, : seq.input_ids.numel()].argmax(-1).cpu()
 
     def __call__(self, seq: Sequence) -> torch.Tensor:
         feats = self.store.get(seq.id)
         if feats is None:
             raise InvalidArgumentError(f"sequence {seq.id!r} has no features in memory")
         return feats
+
+    def greedy_tokens(self, seq: Sequence) -> torch.Tensor:
+        if seq.id not in self._greedy:
+            raise InvalidArgumentError(f"no greedy tokens for {seq.id!r}: expected MemoryFeatures(greedy=True)")
+        return self._greedy[seq.id]
 
 
 def feature_bytes(num_tokens: int, layer_ids: list[int], hidden: int, dtype: torch.dtype = torch.float16) -> int:

@@ -74,6 +74,7 @@ class TrainConfig:
     vocab_negatives: int = 2048
     distill: float = 0.0          # weight of the teacher's top-k distribution in each slot's loss (0: labels only)
     distill_topk: int = 16
+    labels: str = "data"          # "data": the data's tokens; "target": the target's greedy tokens (any text)
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
 
@@ -118,16 +119,18 @@ class BlockForward(nn.Module):
 
 def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], feats: list[torch.Tensor],
                  anchors: list[torch.Tensor], forward: nn.Module | None = None,
-                 attention: str = "sdpa", rows: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+                 attention: str = "sdpa", rows: torch.Tensor | None = None,
+                 greedy: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, Any]:
     """Draft logits (b, N*B, V) of anchored blocks of `seqs`, and the Blocks (labels, mask...).
 
     attention: "sdpa" (dense boolean masks, runs anywhere) or "flex" (sparse BlockMasks, for GPUs).
     rows: score only these vocabulary ids (V = len(rows)); the labels are left as token ids.
+    greedy: the target's greedy next tokens per sequence, for target labels (`build_blocks`).
     """
     device = target.device
     t = max(s.input_ids.numel() for s in seqs)
     blocks = build_blocks([s.input_ids for s in seqs], [s.loss_mask for s in seqs], anchors,
-                          drafter.config.block_size, drafter.config.mask_token_id, t)
+                          drafter.config.block_size, drafter.config.mask_token_id, t, greedy)
     padded = torch.zeros(len(seqs), t, feats[0].shape[-1], dtype=drafter.dtype, device=device)
     for i, f in enumerate(feats):
         padded[i, : f.shape[0]] = f.to(device, drafter.dtype)
@@ -222,6 +225,15 @@ class Trainer:
         if teacher_k and not cfg.distill:
             raise InvalidArgumentError(f"features keep the teacher's top-{teacher_k} but distill=0: expected "
                                        "OnlineFeatures(teacher_k=0) without distillation")
+        if cfg.labels not in ("data", "target"):
+            raise InvalidArgumentError(f"labels={cfg.labels!r}: expected 'data' or 'target'")
+        greedy = getattr(features, "greedy", False)
+        if cfg.labels == "target" and not greedy:
+            raise InvalidArgumentError("labels='target' needs the target's greedy tokens: expected features built "
+                                       "with greedy=True (--features online or memory; a disk cache has none)")
+        if greedy and cfg.labels != "target":
+            raise InvalidArgumentError(f"features keep the target's greedy tokens but labels={cfg.labels!r}: "
+                                       "expected labels='target'")
         self.forward = BlockForward(drafter)
         if self.world > 1:
             self.forward = nn.parallel.DistributedDataParallel(self.forward)
@@ -248,12 +260,13 @@ class Trainer:
         anchors = [sample_anchors(s.loss_mask, self.cfg.max_anchors, anchor_generator(self.cfg.seed, e, i))
                    for s, (e, i) in zip(seqs, batch)]
         feats = [self.features(s) for s in seqs]
+        greedy = [self.features.greedy_tokens(s) for s in seqs] if self.cfg.labels == "target" else None
         device = self.target.device
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-        rows = self.vocab.rows(step) if self.vocab else None
+        rows = self.vocab.rows(step, None if greedy is None else torch.cat(greedy)) if self.vocab else None
         with autocast:
             logits, blocks = block_logits(self.drafter, self.target, seqs, feats, anchors, self.forward,
-                                          self.attention, rows)
+                                          self.attention, rows, greedy)
             labels = blocks.labels if rows is None else self.vocab.remap(blocks.labels, rows)
             out = block_loss(logits, labels.to(device), blocks.block_size, gamma=self.gamma,
                              kind=self.cfg.loss, soft=self._soft_targets(seqs, blocks.positions, rows),

@@ -62,6 +62,12 @@ def test_the_full_vocabulary_variant_runs_beside_the_draft_vocabulary():
     assert len(full) == 2 and all(r.acceptance_lengths for r in full)
     batched = run_batched(pipe, PROMPTS, methods, s, rows=2)
     assert all(batched[m]["identical_to_no_draft"] == 2 for m in methods)
+    rounds = run_batched(pipe, PROMPTS, ["dflash-b6-adaptive", "no_draft"], s, rows=2, rounds=3)
+    for m, b in rounds.items():  # three runs each, pooled: the same tokens every round
+        assert len(b["rounds_tokens_per_second"]) == 3 and b["new_tokens"] == 3 * batched[m]["new_tokens"]
+        assert b["identical_to_no_draft"] == 2
+    with pytest.raises(InvalidArgumentError, match="rounds=0"):
+        run_batched(pipe, PROMPTS, methods, s, rows=2, rounds=0)
 
 
 def test_sampled_runs_are_reproducible(pipe):

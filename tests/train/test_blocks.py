@@ -51,3 +51,20 @@ def test_padding_slots_of_shorter_sequences_are_ignored():
     assert b.valid.tolist() == [[True, True, True], [True, False, False]]
     assert b.labels[1].tolist() == [IGNORE, 23, 24] + [IGNORE] * 6
     assert block_mask(b.anchors, b.block_size, 10).shape == (2, 1, 9, 19)
+
+
+def test_target_labels_follow_the_target_only_while_the_text_agrees_with_it():
+    tokens = torch.tensor([10, 11, 12, 13, 14, 15, 16, 17])
+    lm = torch.ones(8, dtype=torch.bool)
+    anchors = [torch.tensor([1, 3])]
+    own = torch.cat([tokens[1:], torch.tensor([18])])  # the text is the target's own greedy answer
+    data = build_blocks([tokens], [lm], anchors, 4, MASK, 8)
+    target = build_blocks([tokens], [lm], anchors, 4, MASK, 8, greedy=[own])
+    assert torch.equal(data.labels, target.labels)
+    # the target would write 50 after 12 (the text has 13), and 51 after 14 (the text has 15)
+    greedy = own.clone()
+    greedy[2], greedy[4] = 50, 51
+    b = build_blocks([tokens], [lm], anchors, 4, MASK, 8, greedy=[greedy])
+    # block at 1: slot 1 -> 12 (agrees), slot 2 -> 50 (the target's choice), slot 3 dropped (the text left
+    # the target's path at slot 2); block at 3: slot 1 -> 14, slot 2 -> 51, slot 3 dropped
+    assert b.labels.tolist() == [[IGNORE, 12, 50, IGNORE, IGNORE, 14, 51, IGNORE]]

@@ -39,3 +39,25 @@ def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert pipe.generate("count", max_new_tokens=8).token_ids == \
         pipe.generate("count", max_new_tokens=8, no_draft=True).token_ids
     assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5"]) == 2  # no --data
+
+
+def test_imported_chats_train_with_target_labels_next_to_regenerated_data(tiny_target_dir, tmp_path, capsys):
+    regenerated = tmp_path / "regenerated"
+    ShardWriter(regenerated, "train").add([{"id": f"r{i}", "messages": [
+        {"role": "user", "content": f"count to {i}"}, {"role": "assistant", "content": " ".join(map(str, range(i + 3)))}]}
+        for i in range(3)])
+    src = tmp_path / "chats.jsonl"
+    src.write_text("\n".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": f"hello there number {i}"},
+        {"from": "human", "value": "and?"}, {"from": "gpt", "value": "that is all"}]}) for i in range(4)) + "\n")
+    imported = tmp_path / "imported"
+    assert main(["data", "import", "--source", str(src), "--out", str(imported), "--heldout-percent", "0"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["conversations"] == 4
+    run = tmp_path / "run"
+    common = ["train", "--target", str(tiny_target_dir), "--data", str(regenerated), "--data", str(imported),
+              "--layers", "1", "--block-size", "4", "--max-anchors", "8", "--epochs", "1", "--labels", "target",
+              "--eval-prompts", "0", "--vocab", "data", "--vocab-negatives", "4"]
+    assert main(common + ["--out", str(run)]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r][-1] == 7  # 3 + 4 sequences, batch 1
+    assert main(common + ["--out", str(tmp_path / "cached"), "--features", "cache"]) == 2  # no greedy tokens there

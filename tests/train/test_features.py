@@ -52,3 +52,20 @@ def test_memory_features_from_padded_batches_equal_one_by_one(fast):
         assert torch.allclose(got, online(s), atol=1e-5, rtol=1e-4)
     with pytest.raises(InvalidArgumentError, match="'zz' has no features in memory"):
         memory(Sequence("zz", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)))
+
+
+def test_greedy_tokens_come_from_the_feature_forward_in_memory_and_online():
+    model = tiny_hf_model("llama", dtype=torch.float32)
+    target = FastTarget(model)
+    target.set_feature_layers([1])
+    seqs = [Sequence(f"s{i}", torch.randint(0, 96, (n,)), torch.ones(n, dtype=torch.bool)) for i, n in enumerate((4, 9))]
+    memory = MemoryFeatures(target, seqs, torch.float32, tokens_per_batch=64, greedy=True)
+    online = OnlineFeatures(target, greedy=True)
+    for s in seqs:
+        online(s)
+        want = model(input_ids=s.input_ids[None]).logits[0].argmax(-1)
+        assert torch.equal(online.greedy_tokens(s), want) and torch.equal(memory.greedy_tokens(s), want)
+        with pytest.raises(InvalidArgumentError, match="no greedy tokens"):
+            online.greedy_tokens(s)  # handed out once
+    with pytest.raises(InvalidArgumentError, match="no greedy tokens"):
+        MemoryFeatures(target, seqs, torch.float32).greedy_tokens(seqs[0])

@@ -75,6 +75,18 @@ def test_time_budget_replans_the_schedule_and_a_resume_keeps_it(counter, tmp_pat
     assert again.total_steps == total
 
 
+def test_target_labels_need_greedy_features_and_only_with_them(counter, tmp_path):
+    from blockdraft.errors import InvalidArgumentError
+
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    with pytest.raises(InvalidArgumentError, match="labels='target' needs the target's greedy tokens"):
+        Trainer(TrainConfig(out=str(tmp_path), labels="target"), counter, drafter, sequences(4), OnlineFeatures(counter))
+    with pytest.raises(InvalidArgumentError, match="greedy tokens but labels='data'"):
+        Trainer(TrainConfig(out=str(tmp_path)), counter, drafter, sequences(4), OnlineFeatures(counter, greedy=True))
+    with pytest.raises(InvalidArgumentError, match="labels='typo'"):
+        Trainer(TrainConfig(out=str(tmp_path), labels="typo"), counter, drafter, sequences(4), OnlineFeatures(counter))
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
@@ -84,16 +96,17 @@ def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
                 OnlineFeatures(counter))
 
 
-@pytest.mark.parametrize("vocab,distill", [("full", 0.0), ("data", 0.0), ("data", 0.5)])
-def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path, vocab, distill):
+@pytest.mark.parametrize("vocab,distill,labels", [("full", 0.0, "data"), ("data", 0.0, "data"), ("data", 0.5, "data"),
+                                                  ("data", 0.0, "target")])
+def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path, vocab, distill, labels):
     torch.manual_seed(0)
     drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
     prompts = [counting(6, s).tolist() for s in (0, 7, 15)]
     before = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
     cfg = TrainConfig(out=str(tmp_path / "run"), epochs=5, lr=3e-3, max_anchors=16, log_every=20, save_every=1000,
                       eval_every=0, eval_max_new_tokens=40, vocab=vocab, vocab_negatives=0, distill=distill,
-                      distill_topk=4)
-    features = OnlineFeatures(counter, teacher_k=4 if distill else 0)
+                      distill_topk=4, labels=labels)
+    features = OnlineFeatures(counter, teacher_k=4 if distill else 0, greedy=labels == "target")
     Trainer(cfg, counter, drafter, sequences(64), features, prompts).run()
     after = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
     assert before < 1.5 and after >= 0.8 * 6, (before, after)

@@ -49,3 +49,12 @@ def test_sub_vocabulary_logits_are_columns_of_the_full_logits():
         sub, _ = block_logits(drafter, target, seqs, feats, anchors, rows=rows)
     assert sub.shape[-1] == 8
     assert torch.allclose(sub, full[..., rows], atol=1e-5)
+
+
+def test_extra_ids_join_the_rows_once():
+    seqs = [Sequence("a", torch.tensor([1, 2, 3, 4]), torch.tensor([0, 1, 1, 1]).bool())]
+    vocab = TrainVocab(seqs, vocab_size=10, negatives=2, seed=0)
+    base = vocab.rows(5)
+    rows = vocab.rows(5, torch.tensor([[2, 9], [9, 0]]))
+    assert rows[: base.numel()].tolist() == base.tolist()  # the same step's rows first, in order
+    assert sorted(rows.tolist()) == sorted(set(rows.tolist())) and {0, 9} <= set(rows.tolist())
