@@ -17,10 +17,11 @@ be verified, and when no draft length beats plain decoding (1 / c(1)) the cycle 
 only every `probe_every` cycles (a few slots; in a batch one slot of one row, since the whole batch's
 verify is padded to its longest row) to keep learning; the interval doubles, up to 4x, while probes do not
 pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain decoding time
-(in a batch of 8 on a 2-core CPU a probe costs ~40% of a step, so ~40 cycles apart). In a batch the verify forward is compute-bound sooner, so the costs are those of the whole batch's
-forward per row: a curve measured at that batch size when one is given (`set_batch_cost`; `BatchEngine`
-measures it once per device), else interpolated between measured sizes, else extrapolated from the
-single-row curve by total tokens (which underestimates a batch's cost by 10-25% on a 2-core CPU).
+(in a batch of 8 on a 2-core CPU a probe costs ~40% of a step, so ~40 cycles apart). In a batch the verify
+forward is compute-bound sooner, so the costs are those of the whole batch's forward per row: a curve
+measured at that batch size when one is given (`set_batch_cost`; `BatchEngine` measures it once per device
+and batch size), else interpolated linearly in the rows between the nearest known sizes, else extrapolated
+from the single-row curve by total tokens (which underestimates a batch's cost by 10-25% on a 2-core CPU).
 
 Lossless by construction: n is a function of the drafter's distributions and of past cycles only, never of
 the sampled draft tokens, so speculative sampling over the first n drafts is exact for any such n (choosing
@@ -41,6 +42,8 @@ class AdaptiveVerify:
     def __init__(self, cost: dict[int, float], bins: int = 10, prior: tuple[float, float] = (1.0, 1.0),
                  momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98, tolerance: float = 0.01,
                  probe_budget: float = 0.01) -> None:
+        if not probe_budget > 0:
+            raise InvalidArgumentError(f"probe_budget={probe_budget}: expected a fraction of the decoding time > 0")
         self.cost = _curve(cost)  # cost[q-1] = c(q), one row
         self.batch_cost: dict[int, torch.Tensor] = {}  # rows -> measured curve of that batch size
         self._per_row: dict[int, torch.Tensor] = {}  # rows -> `_row_costs`
@@ -80,13 +83,14 @@ class AdaptiveVerify:
                                                 for n in range(self.max_drafts + 1)], dtype=torch.float64)
         return self._per_row[rows]
 
-    def expected_rate(self, confidence: torch.Tensor) -> torch.Tensor:
-        """(N + 1,) expected committed tokens per second when verifying n = 0..N drafts of this block."""
-        return self._rate(self.rates(confidence))
+    def expected_rate(self, confidence: torch.Tensor, rows: int = 1) -> torch.Tensor:
+        """(N + 1,) expected committed tokens per second per row when verifying n = 0..N drafts of this block
+        (`rows` rows sharing the verify forward)."""
+        return self._rate(self.rates(confidence), rows)
 
-    def choose(self, confidence: torch.Tensor) -> int:
+    def choose(self, confidence: torch.Tensor, rows: int = 1) -> int:
         """How many of the drafts (confidence (N,) = the drafter's max probability per slot) to verify."""
-        return self._shortest_near_best(self.expected_rate(confidence))
+        return self._shortest_near_best(self.expected_rate(confidence, rows))
 
     def _shortest_near_best(self, rate: torch.Tensor) -> int:
         """The first index whose rate is within `tolerance` of the largest."""
@@ -110,10 +114,13 @@ class AdaptiveVerify:
             return self.cost_of(rows * q)
         if rows in self.batch_cost:
             return _at(self.batch_cost[rows], q)
-        # linear in the rows between one row and the nearest measured batch (above, else the largest)
-        big = min((r for r in self.batch_cost if r > rows), default=max(self.batch_cost))
-        one, many = self.cost_of(q), _at(self.batch_cost[big], q)
-        return one + (many - one) * (rows - 1) / (big - 1)
+        # linear in the rows between the nearest known sizes (one row counts), past the largest along the
+        # line through the two largest
+        known = [1, *sorted(self.batch_cost)]
+        above = next((r for r in known if r > rows), known[-1])
+        below = max(r for r in known if r < above)
+        lo, hi = (self.cost_of(q) if r == 1 else _at(self.batch_cost[r], q) for r in (below, above))
+        return lo + (hi - lo) * (rows - below) / (above - below)
 
     def draft_length(self, limit: int, rows: int = 1) -> int:
         """How many slots (<= limit) to draft this cycle, from the recent acceptance of each slot; 0 = decode

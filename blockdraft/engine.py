@@ -42,7 +42,9 @@ class DecodeState:
     token: int = -1                         # last committed token (not yet in the target cache)
     start: int = 0                          # its position = tokens in the target cache
     remaining: int = 0
-    pending: torch.Tensor | None = None     # (1, C, K*D) features the draft cache has not seen yet
+    # features the draft cache has not seen yet, in (1, c, K*D) chunks: joined once, when the request next
+    # drafts (appending to one tensor would copy it every cycle while an adaptive policy decodes plainly)
+    pending: list[torch.Tensor] = field(default_factory=list)
     done: bool = False
 
     @property
@@ -157,7 +159,8 @@ class SpeculativeEngine:
         t0 = now(self.target.device)
         ids = torch.tensor([seq.prompt], device=self.target.device)
         kw = {} if row is None else {"rows": [row]}
-        logits, seq.pending = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
+        logits, feats = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
+        seq.pending = [] if feats is None else [feats]
         seq.token = self._choose(logits[0, -1], seq.options.sampling, seq.gen)
         seq.start, seq.remaining = len(seq.prompt), seq.options.max_new_tokens - 1
         seq.stats.target_forwards += 1
@@ -185,7 +188,7 @@ class SpeculativeEngine:
         layers_s = now(self.target.device) - t0
         logits = iter(self.drafter.logits(torch.cat(hidden), self.draft_head).split([n for _, n in drafting]))
         share = (now(self.target.device) - t0 - layers_s) / len(drafting)  # the head's time, split evenly
-        return [self._proposal(s, next(logits), share, spent) if n > 0 else self._no_draft()
+        return [self._proposal(s, next(logits), share, spent, rows) if n > 0 else self._no_draft()
                 for s, n, spent in zip(seqs, lengths, before)]
 
     def _draft_length(self, seq: DecodeState, rows: int) -> int:
@@ -199,25 +202,28 @@ class SpeculativeEngine:
         """One drafter forward for all requests, each over [its token, MASK x n] at its position -> hidden states
         (n, D) of the masked slots; the committed features waiting for each draft cache go into it first."""
         t0 = now(self.target.device)
+        for s, _ in drafting:
+            s.pending = [torch.cat(s.pending, dim=1)]
         drafter, mask = self.drafter, self.drafter.config.mask_token_id
         ids = torch.full((len(drafting), 1 + max(n for _, n in drafting)), mask, device=self.target.device)
         ids[:, 0] = torch.tensor([s.token for s, _ in drafting], device=self.target.device)
         emb = self.target.embedding(ids)
         hidden = drafter.draft_many([emb[r, : n + 1] for r, (_, n) in enumerate(drafting)],
-                                    [s.start for s, _ in drafting], [s.pending for s, _ in drafting],
+                                    [s.start for s, _ in drafting], [s.pending[0] for s, _ in drafting],
                                     [s.draft_cache for s, _ in drafting])
         share = (now(self.target.device) - t0) / len(drafting)
         for s, _ in drafting:
-            s.pending = s.pending[:, :0]
+            s.pending = [s.pending[0][:, :0]]
             s.stats.drafter_forwards += 1
             s.stats.drafter_time += share
         return [h[1:] for h in hidden]
 
-    def _proposal(self, seq: DecodeState, logits: torch.Tensor, head_s: float, spent: float) -> Proposal:
+    def _proposal(self, seq: DecodeState, logits: torch.Tensor, head_s: float, spent: float,
+                  rows: int = 1) -> Proposal:
         """Drafts from the drafter's logits (n, V') of one request (V' = its draft vocabulary, or all V): the
         tokens (n,), their distributions (n, V) (None at T = 0) and the drafter's confidence per slot (n,): its
-        largest probability there. An adaptive policy then keeps the prefix that pays. `spent`: the request's
-        drafter time before this call."""
+        largest probability there. An adaptive policy then keeps the prefix that pays with `rows` rows in the
+        verify forward. `spent`: the request's drafter time before this call."""
         t0 = now(self.target.device)
         params, gen = seq.options.sampling, seq.gen
         ids, vocab = self.draft_ids, self.output_size
@@ -237,7 +243,7 @@ class SpeculativeEngine:
         seq.stats.drafter_time += head_s + now(self.target.device) - t0
         prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent)
         if seq.policy is not None:
-            keep = seq.policy.choose(confidence)
+            keep = seq.policy.choose(confidence, rows)
             prop.drafts, prop.q = drafts[:keep], None if q is None else q[:keep]
         return prop
 
@@ -256,7 +262,7 @@ class SpeculativeEngine:
             q = prop.q if prop.q is not None else p.new_zeros(0, p.shape[-1])
             a, bonus = speculative_verify(prop.drafts, q, p, u[:n], u[n])
         if feats is not None:
-            seq.pending = torch.cat([seq.pending, feats[None, : a + 1]], dim=1)
+            seq.pending.append(feats[None, : a + 1].clone())  # not a view that keeps the whole batch alive
         if seq.policy is not None and prop.confidence is not None:
             seq.policy.update(prop.confidence, n, a, prop.drafter_s)
         committed = prop.drafts[:a].tolist() + [bonus]

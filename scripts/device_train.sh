@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The heavy part of the default drafter's training on a lent GPU machine (see the `device` tool), in two
+# The heavy part of the default drafter's training on a lent GPU machine (see the `device` tool), in three
 # calls on one warm machine, because the target's GGUF (98 MB) does not fit one call's 64 MiB transfer:
 #
 #   prepare  (carry .gpu/a): park GGUF part a in /tmp/bd, then the CUDA smoke tests.
+#   park     (carry .gpu/c): park the imported chats in /tmp/bd/c (skip it to train on regenerated data only).
 #   train    (carry .gpu/b; REGEN_SECONDS=0 / BENCH=0 skip those stages): rebuild the GGUF (sha256-checked by the registry), regenerate more ShareGPT answers
 #            in fp32, train the drafter in bf16 with features held in GPU memory under a time budget, then a
 #            short bf16 benchmark. Every stage is time-boxed against one deadline; results land in $OUT as
@@ -10,7 +11,8 @@
 #
 # .gpu/ (ignored by git) comes from scripts/gpu_bundle.sh: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's
 # GGUF split), .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not
-# yet answered), .gpu/b/init/ (the drafter to continue from).
+# yet answered), .gpu/b/init/ (the drafter to continue from), .gpu/c/imported/ (chats as written: with them the
+# drafter trains with --labels target, the target labelling every chat in the feature forward).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -30,6 +32,11 @@ prepare() {
     timeout "${TEST_SECONDS:-100}" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.txt" | tail -25
 }
 
+park() {
+    [ -d .gpu/c/imported ] || { echo "park: .gpu/c/imported is missing: run scripts/gpu_bundle.sh and carry .gpu/c" >&2; exit 1; }
+    mkdir -p /tmp/bd && rm -rf /tmp/bd/c && cp -r .gpu/c /tmp/bd/c && du -sh /tmp/bd/c
+}
+
 train() {
     DEADLINE=${DEADLINE:-530}
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/b/whl/*.whl || exit 1
@@ -47,9 +54,12 @@ train() {
     tar czf "$OUT/regen.tgz" $data && stamp "data: $(zcat $data/train-*.jsonl.gz | wc -l) train answers"
     fi
 
-    local run=${RUN:-/tmp/run} budget=$(( $(left) - ${AFTER_TRAIN_SECONDS:-150} ))
-    stamp "train (time budget ${budget} s)"
-    timeout $(( $(left) - 10 )) "${BD[@]}" -v train --data $data --out $run \
+    local run=${RUN:-/tmp/run} budget=$(( $(left) - ${AFTER_TRAIN_SECONDS:-150} )) more=()
+    # imported chats: the target labels them (and the regenerated answers, where labels equal the data's);
+    # 1024 tokens covers every regenerated chat (prompt <= 512 + answer <= 384) and bounds the features' memory
+    [ -d /tmp/bd/c/imported ] && more=(--data /tmp/bd/c/imported --labels target --max-len "${MAX_LEN:-1024}")
+    stamp "train (time budget ${budget} s) ${more[*]}"
+    timeout $(( $(left) - 10 )) "${BD[@]}" -v train --data $data ${more[@]+"${more[@]}"} --out $run \
         --init .gpu/b/init --features memory --attention sdpa \
         --batch-size "${BATCH:-16}" --max-anchors "${ANCHORS:-192}" --vocab data --vocab-negatives 4096 \
         --loss acceptance --lr "${LR:-1e-3}" --warmup-ratio 0.02 --epochs 100 --time-budget $budget \

@@ -6,7 +6,9 @@
 #   .gpu/b/whl/                              wheels the device machine lacks (registry downloads, pinned)
 #   .gpu/b/sharegpt-rest.jsonl.gz            ShareGPT first turns not yet answered in the data folder
 #   .gpu/b/init/                             the drafter training continues from (default: the shipped one)
-# usage: scripts/gpu_bundle.sh [INIT_DRAFTER_FOLDER]
+#   .gpu/c/imported/                         IMPORT_LIMIT (4000) ShareGPT chats as written, all turns, for
+#                                            train --labels target (`blockdraft data import`; ~6 MB)
+# usage: [IMPORT_LIMIT=N] scripts/gpu_bundle.sh [INIT_DRAFTER_FOLDER]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INIT=${1:-blockdraft/models/smollm2-135m-instruct-dflash}
@@ -14,7 +16,7 @@ DATA=data/regenerated/smollm2-135m-instruct-sharegpt
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "no .venv: run 'make run' first" >&2; exit 1; }
 [ -f "$INIT/model.safetensors" ] || { echo "$INIT: expected a drafter folder with model.safetensors" >&2; exit 1; }
-rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init
+rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init .gpu/c
 
 gguf=$("$PY" -c "from blockdraft.registry import DEFAULT_TARGET, EMBEDDED, locate_gguf; print(locate_gguf(EMBEDDED[DEFAULT_TARGET]))")
 head -c 62000000 "$gguf" > .gpu/a/gguf.part-a
@@ -38,4 +40,5 @@ with gzip.open(".gpu/b/sharegpt-rest.jsonl.gz", "wt", encoding="utf-8") as f:
         f.write(json.dumps({"id": p.id, "source": p.source, "messages": list(p.messages)}) + "\n")
 print(f"{len(rest)} ShareGPT prompts not yet answered ({len(done)} done)")
 EOF
-du -sh .gpu/a .gpu/b
+"$PY" -m blockdraft.cli data import --source sharegpt --out .gpu/c/imported --limit "${IMPORT_LIMIT:-4000}" 2>&1 | tail -1
+du -sh .gpu/a .gpu/b .gpu/c

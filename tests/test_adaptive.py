@@ -97,7 +97,7 @@ def test_adaptive_speculative_sampling_has_the_targets_distribution(monkeypatch)
     engine, joint = _adaptive_sampling_engine()
     chosen = []
     choose = engine.policy.choose
-    monkeypatch.setattr(engine.policy, "choose", lambda c: chosen.append(choose(c)) or chosen[-1])
+    monkeypatch.setattr(engine.policy, "choose", lambda c, rows=1: chosen.append(choose(c, rows)) or chosen[-1])
     monkeypatch.setattr(engine.policy, "update", lambda *a, **k: None)  # keep the planted calibration
     counts = _counts(engine)
     assert len(set(chosen)) >= 2, "the test must exercise several verify lengths"
@@ -166,11 +166,18 @@ def test_a_measured_batch_curve_replaces_the_extrapolation():
     assert policy.forward_cost(1, 2) == 1.0  # one row keeps its own curve
     assert policy.forward_cost(3, 2) == pytest.approx(1.0 + (2.0 - 1.0) * 2 / 3)  # between 1 and 4 rows
     assert policy.forward_cost(7, 2) == pytest.approx(1.0 + (2.0 - 1.0) * 6 / 3)  # past the largest measured
+    assert policy.choose(torch.full((7,), 0.95)) > 0  # one row: verifying is free
+    assert policy.choose(torch.full((7,), 0.95), rows=4) == 0  # 4 rows: each draft costs a step
+    policy.set_batch_cost(8, {q: 3.0 * q for q in range(1, 9)})
+    assert policy.forward_cost(6, 2) == pytest.approx(2.0 + (6.0 - 2.0) * 2 / 4)  # between 4 and 8 rows
+    assert policy.forward_cost(10, 2) == pytest.approx(2.0 + (6.0 - 2.0) * 6 / 4)  # along the 4-8 line
     assert all(policy.draft_length(7, rows=4) == 0 for _ in range(3))
     with pytest.raises(InvalidArgumentError, match="rows=1"):
         policy.set_batch_cost(1, one)
     with pytest.raises(InvalidArgumentError, match="q = 1..B"):
         policy.set_batch_cost(4, {1: 1.0, 3: 2.0})
+    with pytest.raises(InvalidArgumentError, match="probe_budget=0"):
+        AdaptiveVerify(one, probe_budget=0)
 
 
 def test_probes_are_spaced_to_cost_at_most_the_budget():

@@ -47,8 +47,9 @@ def test_each_row_decodes_what_it_decodes_alone(arch, rows, monkeypatch):
     monkeypatch.setattr(policy, "update", lambda *a, **k: None)
     # and blind to the batch: a batch-aware draft length (tested in test_adaptive) may differ from the solo
     # one, which changes how sampled rows use their random streams (same distribution, other tokens)
-    one_row = policy.draft_length
+    one_row, verify_one_row = policy.draft_length, policy.choose
     monkeypatch.setattr(policy, "draft_length", lambda limit, rows=1: one_row(limit))
+    monkeypatch.setattr(policy, "choose", lambda confidence, rows=1: verify_one_row(confidence))
     engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8), policy=policy)
     ps, opts = prompts(7, seed=rows), mixed_options(7)
     alone = [solo(engine, p, o) for p, o in zip(ps, opts)]

@@ -37,7 +37,7 @@ def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continua
                               last_only=True)  # features of every position; logits of the last only
     p = len(prompt_ids)
     seq.token, seq.start, seq.remaining = continuation[0], p, options.max_new_tokens - 1
-    seq.pending = feats[:, :p]
+    seq.pending = [feats[:, :p]]
     lengths = []
     while seq.start < p + len(continuation) - 1:
         prop = engine.propose(seq)
@@ -48,7 +48,7 @@ def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continua
         committed = min(accepted + 1, p + len(continuation) - 1 - seq.start)
         if prop.drafts.numel():
             lengths.append(committed)
-        seq.pending = torch.cat([seq.pending, feats[:, seq.start: seq.start + committed]], dim=1)
+        seq.pending.append(feats[:, seq.start: seq.start + committed])
         seq.start += committed
         seq.remaining -= committed
         seq.token = int(ids[0, seq.start])

@@ -163,7 +163,7 @@ def run_train(args: argparse.Namespace) -> int:
                               target_layer_ids=args.target_layer_ids, seed=args.seed, sliding_window=args.sliding_window,
                               from_target=args.init_from_target)
     target.set_feature_layers(drafter.config.target_layer_ids)
-    sequences = _training_sequences(args.data, target.tokenizer, args.max_len, args.limit)
+    sequences = _training_sequences(args.data, target.tokenizer, args.max_len, args.limit, args.labels)
     greedy = args.labels == "target"
     if greedy and args.features == "cache":
         raise InvalidArgumentError("--labels target needs --features online or memory: a disk feature cache "
@@ -196,17 +196,39 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int | None):
-    """The train splits of `folders` (`limit` per folder); ids get the folder's index when there are several,
-    so the same chat in two folders stays two sequences."""
+def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int | None, labels: str):
+    """The train splits of `folders` (`limit` per folder). Feature stores are keyed by sequence id, so ids
+    get the folder's index when there are several and a repeated id a "#k" suffix. The folders must hold
+    out the same share of prompts (one split rule), or a prompt held out in one could be trained on from
+    another."""
+    from blockdraft.errors import InvalidArgumentError
     from blockdraft.train.data import load_sequences
 
-    out = []
+    metas = {f: _settings(f) for f in folders}
+    shares = {f: m["heldout_percent"] for f, m in metas.items() if "heldout_percent" in m}
+    if len(set(shares.values())) > 1:
+        raise InvalidArgumentError(f"--data folders hold out different shares of prompts {shares}: expected the "
+                                   "same --heldout-percent everywhere, so no held-out prompt is trained on")
+    for f, m in metas.items():
+        if m.get("kind") == "conversations" and labels == "data":
+            log.warning("%s holds chats as written, not the target's answers: --labels target trains on what "
+                        "the target would write instead", f)
+    out, seen = [], set()
     for n, folder in enumerate(folders):
         for seq in load_sequences(folder, "train", tokenizer, max_len, limit=limit):
-            seq.id = f"{n}/{seq.id}" if len(folders) > 1 else seq.id
+            base = f"{n}/{seq.id}" if len(folders) > 1 else seq.id
+            seq.id, k = base, 1
+            while seq.id in seen:
+                k += 1
+                seq.id = f"{base}#{k}"
+            seen.add(seq.id)
             out.append(seq)
     return out
+
+
+def _settings(folder: str) -> dict:
+    meta = Path(folder) / "meta.json"
+    return json.loads(meta.read_text()).get("settings", {}) if meta.is_file() else {}
 
 
 def _as_prompt(messages: list[dict[str, str]]):

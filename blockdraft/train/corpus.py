@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ def import_conversations(sources: list[str], folder: str | Path, heldout_percent
     writers = {s: ShardWriter(folder, s, shard_size) for s in SPLITS}
     counts = {"conversations": 0, "assistant_turns": 0, "heldout": 0, "duplicates": 0, "unusable": 0}
     seen: set[str] = set()
+    uses: Counter[str] = Counter()
     for source in sources:
         taken = 0
         buffer: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
@@ -60,10 +62,12 @@ def import_conversations(sources: list[str], folder: str | Path, heldout_percent
                 counts["duplicates"] += 1
                 continue
             seen.add(chat.fingerprint())
+            uses[chat.id] += 1  # different chats under one id (sources reuse ids) stay apart
+            record_id = chat.id if uses[chat.id] == 1 else f"{chat.id}#{uses[chat.id]}"
             first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
             split = "heldout" if is_held_out(Prompt(chat.id, chat.messages[: first_user + 1], source),
                                              heldout_percent) else "train"
-            buffer[split].append({"id": chat.id, "source": source, "messages": messages})
+            buffer[split].append({"id": record_id, "source": source, "messages": messages})
             counts["conversations"] += 1
             counts["assistant_turns"] += sum(m["role"] == "assistant" for m in messages)
             counts["heldout"] += split == "heldout"

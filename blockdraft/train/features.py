@@ -76,8 +76,9 @@ class MemoryFeatures:
 
     For accelerators with room to spare (an H200 holds ~10K sequences' features in bf16): training then never
     waits for the target. Right padding is exact here: attention is causal, so no real token sees a pad.
-    With `greedy`, the target's greedy next tokens are kept too (`greedy_tokens`, as `OnlineFeatures`); the
-    batches are then 8x smaller, as they hold every position's logits.
+    With `greedy`, the target's greedy next tokens are kept too (`greedy_tokens`; unlike `OnlineFeatures`,
+    kept for every epoch rather than handed out once); the batches are then 8x smaller, as they hold every
+    position's logits.
     """
 
     def __init__(self, target: TargetModel, sequences: list[Sequence], dtype: torch.dtype,

@@ -216,7 +216,8 @@ class Trainer:
         drafter.train()
         if cfg.vocab not in ("full", "data"):
             raise InvalidArgumentError(f"vocab={cfg.vocab!r}: expected 'full' or 'data'")
-        self.vocab = TrainVocab(sequences, target.vocab_size, cfg.vocab_negatives, cfg.seed) \
+        self.vocab = TrainVocab(sequences, getattr(target.lm_head, "out_features", target.vocab_size),
+                                cfg.vocab_negatives, cfg.seed) \
             if cfg.vocab == "data" else None
         teacher_k = features.teacher_k if isinstance(features, OnlineFeatures) else 0
         if cfg.distill and not (0 < cfg.distill <= 1 and teacher_k == cfg.distill_topk > 0):
@@ -263,7 +264,9 @@ class Trainer:
         greedy = [self.features.greedy_tokens(s) for s in seqs] if self.cfg.labels == "target" else None
         device = self.target.device
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-        rows = self.vocab.rows(step, None if greedy is None else torch.cat(greedy)) if self.vocab else None
+        # the target labels that can occur: its greedy token before each supervised position
+        labels = None if greedy is None else torch.cat([g[:-1][s.loss_mask[1:].bool()] for g, s in zip(greedy, seqs)])
+        rows = self.vocab.rows(step, labels) if self.vocab else None
         with autocast:
             logits, blocks = block_logits(self.drafter, self.target, seqs, feats, anchors, self.forward,
                                           self.attention, rows, greedy)

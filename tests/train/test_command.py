@@ -61,3 +61,6 @@ def test_imported_chats_train_with_target_labels_next_to_regenerated_data(tiny_t
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r][-1] == 7  # 3 + 4 sequences, batch 1
     assert main(common + ["--out", str(tmp_path / "cached"), "--features", "cache"]) == 2  # no greedy tokens there
+    other = tmp_path / "other-split"
+    assert main(["data", "import", "--source", str(src), "--out", str(other), "--heldout-percent", "5"]) == 0
+    assert main(common + ["--data", str(other), "--out", str(tmp_path / "mixed")]) == 2  # 0% and 5% held out
