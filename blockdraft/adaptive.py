@@ -147,18 +147,18 @@ class AdaptiveVerify:
         if rows not in self._plan:
             history = self._rate(self.slot_passed / self.slot_tested, rows)[1:]
             self._plan[rows] = (history, rows / self.forward_cost(rows, 1),
-                                self._probe_spacing(rows, self._probe_drafts(rows)))
+                                self._probe_spacing(rows))
         return self._plan[rows]
 
     @staticmethod
     def _probe_drafts(rows: int) -> int:
         return PROBE_DRAFTS if rows == 1 else BATCH_PROBE_DRAFTS
 
-    def _probe_spacing(self, rows: int, drafts: int) -> float:
+    def _probe_spacing(self, rows: int) -> float:
         """Fewest plain cycles between probes for them to cost at most `probe_budget` of the decoding time:
-        a probe pays the drafter and a verify of 1 + `drafts` tokens per row instead of 1."""
+        a probe pays the drafter and a verify of 1 + its drafts tokens per row instead of 1."""
         plain = self.forward_cost(rows, 1)
-        extra = self.forward_cost(rows, 1 + drafts) - plain + self.drafter_s
+        extra = self.forward_cost(rows, 1 + self._probe_drafts(rows)) - plain + self.drafter_s
         return max(0.0, extra) / (self.probe_budget * plain)
 
     def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:

@@ -187,10 +187,10 @@ def test_probes_are_spaced_to_cost_at_most_the_budget():
     for _ in range(100):
         policy.update(torch.full((7,), 0.5), verified=7, accepted=0, drafter_s=0.5)
     # per probe: (c(4 rows, 2) - c(4 rows, 1)) + drafter 0.5 = 1.5 = 5% of 30 plain steps of 1.0
-    assert policy._probe_spacing(4, 1) == pytest.approx(30.0)
+    assert policy._probe_spacing(4) == pytest.approx(30.0)
     cycles = 0
     while policy.draft_length(7, rows=4) == 0:
         cycles += 1 / 4
     assert cycles == pytest.approx(30.0, abs=0.25)
     # one row: a 4-draft verify costs one step, so only the drafter counts: 0.5 / (0.05 * 1.0) = 10 cycles
-    assert policy._probe_spacing(1, PROBE_DRAFTS) == pytest.approx(10.0)
+    assert policy._probe_spacing(1) == pytest.approx(10.0)
