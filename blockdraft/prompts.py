@@ -92,18 +92,24 @@ def _first_turn(record: dict[str, Any]) -> list[dict[str, str]] | None:
         return None
     out: list[dict[str, str]] = []
     for turn in turns:
-        if not isinstance(turn, dict):
+        message = _message(turn)
+        if message is None:
             return None
-        role = _ROLES.get(str(turn.get("from", turn.get("role", ""))).lower())
-        content = turn.get("value", turn.get("content"))
-        if role is None or not isinstance(content, str):
-            return None
-        if role == "assistant" and not out:
+        if message["role"] == "assistant" and not out:
             return None  # a split continuation whose context is missing
-        out.append({"role": role, "content": content})
-        if role == "user":
-            return out if content.strip() else None
+        out.append(message)
+        if message["role"] == "user":
+            return out if message["content"].strip() else None
     return None
+
+
+def _message(turn: Any) -> dict[str, str] | None:
+    """A ShareGPT (from/value) or OpenAI (role/content) turn as {role, content}; None if malformed."""
+    if not isinstance(turn, dict):
+        return None
+    role = _ROLES.get(str(turn.get("from", turn.get("role", ""))).lower())
+    content = turn.get("value", turn.get("content"))
+    return {"role": role, "content": content} if role is not None and isinstance(content, str) else None
 
 
 def conversation(record: dict[str, Any]) -> list[dict[str, str]] | None:
@@ -114,12 +120,11 @@ def conversation(record: dict[str, Any]) -> list[dict[str, str]] | None:
     if out is None or not isinstance(turns, list):
         return None
     for turn in turns[len(out):]:  # `_first_turn` keeps every turn up to the first user turn
-        role = _ROLES.get(str(turn.get("from", turn.get("role", ""))).lower()) if isinstance(turn, dict) else None
-        content = turn.get("value", turn.get("content")) if isinstance(turn, dict) else None
-        if role != ("assistant" if out[-1]["role"] == "user" else "user") or not isinstance(content, str) \
-                or not content.strip():
+        message = _message(turn)
+        expected = "assistant" if out[-1]["role"] == "user" else "user"
+        if message is None or message["role"] != expected or not message["content"].strip():
             break
-        out.append({"role": role, "content": content})
+        out.append(message)
     if out[-1]["role"] == "user":
         out.pop()
     return out if out and out[-1]["role"] == "assistant" else None
