@@ -1,10 +1,11 @@
 """Optional compilation: torch.compile (inductor) of the per-layer blocks on CPU and GPU, CUDA graphs on GPU.
 
-Only the dense per-layer pieces are compiled (the target's MLPs and norms, the drafter's decoder layers):
-the decode loop around them stays eager Python (cache bookkeeping, variable verify lengths), so shapes
-vary only in the token count, which `dynamic=True` handles without recompiling per length. On CUDA,
-mode "reduce-overhead" also captures CUDA graphs. Off by default: `blockdraft bench` measures whether it
-pays on a given machine (on a 2-core CPU the q=1 step is memory-bound and gains little).
+Only the dense per-layer pieces are compiled (the target's MLPs, the drafter's decoder layers; the fast path
+already runs each norm as one fused kernel): the decode loop around them stays eager Python (cache
+bookkeeping, variable verify lengths), so shapes vary only in the token count, which `dynamic=True` handles
+without recompiling per length. On CUDA, mode "reduce-overhead" also captures CUDA graphs. Off by default:
+`blockdraft bench` measures whether it pays on a given machine (on a 2-core CPU the q=1 step is memory-bound
+and gains little).
 """
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ def compile_pair(target: TargetModel, drafter: Drafter | None, mode: str = "defa
         log.warning("compiling only the drafter: the target is not on the fast path")
     else:
         for layer in target.layers:
-            for module in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
-                _compile(module, mode)
+            _compile(layer.mlp, mode)
     for layer in drafter.layers if drafter is not None else ():
         _compile(layer, mode)
 

@@ -20,6 +20,8 @@ from blockdraft.target import TargetModel
 
 log = logging.getLogger(__name__)
 
+FORWARD_VERSION = 2  # part of the cache key: bumped whenever the fast path's forward kernels change
+
 
 @torch.inference_mode()
 def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, repeats: int = 5,
@@ -62,7 +64,7 @@ def cost_key(target: TargetModel, max_tokens: int, context: int, rows: int = 1) 
                                                       "num_key_value_heads", "vocab_size")}
     device = target.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{torch.get_num_threads()}"
-    blob = json.dumps([shape, type(target).__name__, name, str(target.dtype), max_tokens, context]
+    blob = json.dumps([shape, type(target).__name__, name, str(target.dtype), max_tokens, context, FORWARD_VERSION]
                       + (["packed, fused q/k/v and gate/up"] if target.packed else [])
                       + ([f"{rows} rows"] if rows > 1 else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -19,11 +19,16 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from blockdraft.config import DrafterConfig
-from blockdraft.packing import can_pack, pack_linears
+from blockdraft.packing import PackedLinear, can_pack, pack_linears
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (b, Hkv, C, d) each
 Mask = Union[torch.Tensor, BlockMask, None]  # dense bool (b, 1, Q, Kv), a flex BlockMask, or all visible
 MaskFn = Callable[[bool, Optional[int]], Mask]  # (causal, window) -> the mask of that layer kind
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Llama / Qwen RMSNorm (normalise in fp32, cast back, scale), as two kernels instead of six."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -33,9 +38,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -256,13 +259,14 @@ class Drafter(nn.Module):
         self.draft_vocab: torch.Tensor | None = None  # token ids it may propose (`blockdraft.draft_vocab`)
 
     def pack(self) -> bool:
-        """Prepack the decoder layers' linears for CPU inference (`blockdraft.packing`), in place; k_proj and
-        v_proj keep their dense weights too (the stacked context projection reads them). A packed drafter
-        cannot be trained or saved. False where packing does not apply."""
+        """Prepack the decoder layers' linears and `fc` for CPU inference (`blockdraft.packing`), in place;
+        k_proj and v_proj keep their dense weights too (the stacked context projection reads them). A packed
+        drafter cannot be trained or saved. False where packing does not apply."""
         if self.packed or not can_pack(self.device, self.dtype):
             return self.packed
         kv = tuple(p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj))
         pack_linears(self.layers, keep_dense=kv)
+        self.fc = PackedLinear(self.fc)
         self.packed = True
         return True
 
@@ -281,11 +285,11 @@ class Drafter(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.norm.weight.dtype
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[KV]:
         """Target features (b, C, K*D) at positions (b, C) -> every layer's context K/V.

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blockdraft.drafter import apply_rope, rms_norm
 from blockdraft.packing import PackedLinear, can_pack, fuse_linears
 from blockdraft.target import TargetModel
 
@@ -26,9 +27,9 @@ def supports_fast_path(model: nn.Module) -> bool:
     return getattr(config, "model_type", None) in FAST_FAMILIES and not getattr(config, "use_sliding_window", False)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face Llama / Qwen RMSNorm module's computation, without its six separate kernels."""
+    return rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
 class StaticKVCache:
@@ -120,46 +121,52 @@ class FastTarget(TargetModel):
         row_idx = torch.arange(b, device=device) if rows is None else torch.tensor(list(rows), device=device)
         contiguous = rows is None
         mask = None
-        if not (b == 1 and q == 1):
-            mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        if not (b == 1 and q == 1):  # additive, built once (SDPA would convert a boolean mask in every layer)
+            visible = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]
+            mask = torch.zeros(visible.shape, device=device, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+            mask = mask[:, None]  # (b, 1, q, span)
+        # one slice per layer when the rows are 0..b-1 and share a start (a single request, or a prefill)
+        at = slice(starts[0], starts[0] + q) if contiguous and len(set(starts)) == 1 else None
         x = self.embedding(input_ids)
         cos, sin = self.rotary(x, positions)
         cos, sin = cos[:, None], sin[:, None]
         wanted = set(self.feature_layer_ids) if features else set()
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), cache, positions, row_idx, contiguous,
-                                    span, cos, sin, mask)
-            x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
+            h = _rms_norm(layer.input_layernorm, x)
+            x = x + self._attention(i, layer, h, cache, positions, row_idx, at, span, cos, sin, mask)
+            x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
             if i in wanted:
                 captured[i] = x
         for r, s in zip(row_idx.tolist() if not contiguous else range(b), starts):
             cache.lengths[r] = s + q
-        h = self.final_norm(x[:, -1:] if last_only else x)
+        h = _rms_norm(self.final_norm, x[:, -1:] if last_only else x)
         feats = torch.cat([captured[i] for i in self.feature_layer_ids], dim=-1) if features else None
         return self.lm_head(h), feats
 
     def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor,
-                   row_idx: torch.Tensor, contiguous: bool, span: int, cos: torch.Tensor, sin: torch.Tensor,
+                   row_idx: torch.Tensor, at: slice | None, span: int, cos: torch.Tensor, sin: torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:
         attn = layer.self_attn
         b, q, _ = h.shape
         if self._fused:
-            qs, ks, vs = self._fused[i][0](h).split(self.qkv_widths, dim=-1)
+            qkv = self._fused[i][0](h)
         else:
-            qs, ks, vs = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-        qs = qs.view(b, q, -1, self.head_dim)
-        ks = ks.view(b, q, -1, self.head_dim)
-        vs = vs.view(b, q, -1, self.head_dim)
+            qkv = torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        heads = qkv.view(b, q, -1, self.head_dim)  # (b, q, H + 2 Hkv, d): queries, keys, values
+        n_q = self.qkv_widths[0] // self.head_dim
+        qk, vs = heads[:, :, : n_q + self.n_kv], heads[:, :, n_q + self.n_kv:]
         if self.has_qk_norm:
-            qs, ks = attn.q_norm(qs), attn.k_norm(ks)
-        qs = _rotate(qs.transpose(1, 2), cos, sin)
-        ks = _rotate(ks.transpose(1, 2), cos, sin)
-        cache.k[i, row_idx[:, None], :, positions] = ks.transpose(1, 2)
-        cache.v[i, row_idx[:, None], :, positions] = vs
-        if contiguous:
+            qk = torch.cat([_rms_norm(attn.q_norm, qk[:, :, :n_q]), _rms_norm(attn.k_norm, qk[:, :, n_q:])], dim=2)
+        qk = apply_rope(qk.transpose(1, 2), cos, sin)  # queries and keys in one rotation
+        qs, ks = qk[:, :n_q], qk[:, n_q:]
+        vs = vs.transpose(1, 2)
+        if at is not None:
+            cache.k[i, :b, :, at], cache.v[i, :b, :, at] = ks, vs
             keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
         else:
+            cache.k[i, row_idx[:, None], :, positions] = ks.transpose(1, 2)
+            cache.v[i, row_idx[:, None], :, positions] = vs.transpose(1, 2)
             keys, values = cache.k[i, row_idx, :, :span], cache.v[i, row_idx, :, :span]
         out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
                                              enable_gqa=qs.shape[1] != keys.shape[1])
