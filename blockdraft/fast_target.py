@@ -134,7 +134,7 @@ class FastTarget(TargetModel):
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             h = _rms_norm(layer.input_layernorm, x)
-            x = x + self._attention(i, layer, h, cache, positions, row_idx, at, span, cos, sin, mask)
+            x = x + self._attention(i, layer, h, cache, positions, row_idx, contiguous, at, span, cos, sin, mask)
             x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
             if i in wanted:
                 captured[i] = x
@@ -145,8 +145,8 @@ class FastTarget(TargetModel):
         return self.lm_head(h), feats
 
     def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor,
-                   row_idx: torch.Tensor, at: slice | None, span: int, cos: torch.Tensor, sin: torch.Tensor,
-                   mask: torch.Tensor | None) -> torch.Tensor:
+                   row_idx: torch.Tensor, contiguous: bool, at: slice | None, span: int, cos: torch.Tensor,
+                   sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         attn = layer.self_attn
         b, q, _ = h.shape
         if self._fused:
@@ -163,10 +163,12 @@ class FastTarget(TargetModel):
         vs = vs.transpose(1, 2)
         if at is not None:
             cache.k[i, :b, :, at], cache.v[i, :b, :, at] = ks, vs
-            keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
         else:
             cache.k[i, row_idx[:, None], :, positions] = ks.transpose(1, 2)
             cache.v[i, row_idx[:, None], :, positions] = vs.transpose(1, 2)
+        if contiguous:  # a view of rows 0..b-1; other rows are gathered (a copy)
+            keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
+        else:
             keys, values = cache.k[i, row_idx, :, :span], cache.v[i, row_idx, :, :span]
         out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
                                              enable_gqa=qs.shape[1] != keys.shape[1])

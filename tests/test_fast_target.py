@@ -52,3 +52,26 @@ def test_engine_on_the_fast_path_equals_hf_generate(arch):
     out = [t for c in engine.decode(prompt, DecodeOptions(max_new_tokens=30), stats) for t in c]
     ref = model.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
     assert out == ref[0, 5:].tolist()
+
+
+def test_rows_in_order_attend_to_views_of_the_cache(monkeypatch):
+    """Rows 0..b-1 (rows=None) read their keys and values in place, whatever their starts; only an explicit
+    subset of rows is gathered. A copy here would move the whole batch's cache through memory every layer."""
+    import blockdraft.fast_target as ft
+
+    fast = FastTarget(tiny_hf_model("llama", layers=2))
+    cache = fast.new_cache(rows=3, capacity=32)
+    fast.forward(torch.randint(0, 96, (3, 6)), cache, 0, features=False)
+    seen = []
+    sdpa = ft.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append(k.untyped_storage().data_ptr() == cache.k.untyped_storage().data_ptr())
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(ft.F, "scaled_dot_product_attention", spy)
+    fast.forward(torch.randint(0, 96, (3, 2)), cache, [6, 4, 5], features=False)  # different starts, rows in order
+    assert seen and all(seen)
+    seen.clear()
+    fast.forward(torch.randint(0, 96, (2, 1)), cache, [8, 7], features=False, rows=[2, 0])  # a subset: gathered
+    assert seen and not any(seen)
