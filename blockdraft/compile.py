@@ -1,7 +1,7 @@
 """Optional compilation: torch.compile (inductor) of the per-layer blocks on CPU and GPU, CUDA graphs on GPU.
 
 Only the dense per-layer pieces are compiled (the target's MLPs, the drafter's decoder layers; the fast path
-already runs each norm as one fused kernel): the decode loop around them stays eager Python (cache
+calls `F.rms_norm` for its norms, outside any module): the decode loop around them stays eager Python (cache
 bookkeeping, variable verify lengths), so shapes vary only in the token count, which `dynamic=True` handles
 without recompiling per length. On CUDA, mode "reduce-overhead" also captures CUDA graphs. Off by default:
 `blockdraft bench` measures whether it pays on a given machine (on a 2-core CPU the q=1 step is memory-bound

@@ -28,7 +28,7 @@ def supports_fast_path(model: nn.Module) -> bool:
 
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A Hugging Face Llama / Qwen RMSNorm module's computation, without its six separate kernels."""
+    """A Hugging Face Llama / Qwen RMSNorm module's computation, through `blockdraft.drafter.rms_norm`."""
     return rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
