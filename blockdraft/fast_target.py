@@ -78,7 +78,7 @@ class FastTarget(TargetModel):
         self.n_kv = model.config.num_key_value_heads
         self.scaling = attn.scaling
         self.has_qk_norm = hasattr(attn, "q_norm")
-        self.qkv_widths = [model.config.num_attention_heads * self.head_dim] + [self.n_kv * self.head_dim] * 2
+        self.n_heads = model.config.num_attention_heads
         self._fused: list[tuple[PackedLinear, PackedLinear]] = []  # per layer: (q|k|v, gate|up), once packed
 
     def pack(self) -> bool:
@@ -154,7 +154,7 @@ class FastTarget(TargetModel):
         else:
             qkv = torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
         heads = qkv.view(b, q, -1, self.head_dim)  # (b, q, H + 2 Hkv, d): queries, keys, values
-        n_q = self.qkv_widths[0] // self.head_dim
+        n_q = self.n_heads
         qk, vs = heads[:, :, : n_q + self.n_kv], heads[:, :, n_q + self.n_kv:]
         if self.has_qk_norm:
             qk = torch.cat([_rms_norm(attn.q_norm, qk[:, :, :n_q]), _rms_norm(attn.k_norm, qk[:, :, n_q:])], dim=2)
