@@ -47,7 +47,7 @@ class AdaptiveVerify:
         self.cost = _curve(cost)  # cost[q-1] = c(q), one row
         self.batch_cost: dict[int, torch.Tensor] = {}  # rows -> measured curve of that batch size
         self._per_row: dict[int, torch.Tensor] = {}  # rows -> `_row_costs`
-        self._plan: dict[int, tuple[torch.Tensor, float, float]] = {}  # rows -> `_slot_plan`, until `update`
+        self._plan: dict[int, tuple[list[float], float, float]] = {}  # rows -> `_slot_plan`, until `update`
         self.bins = bins
         self.accepted = torch.full((bins,), prior[0], dtype=torch.float64)
         self.tested = torch.full((bins,), prior[0] + prior[1], dtype=torch.float64)
@@ -90,11 +90,13 @@ class AdaptiveVerify:
 
     def choose(self, confidence: torch.Tensor, rows: int = 1) -> int:
         """How many of the drafts (confidence (N,) = the drafter's max probability per slot) to verify."""
-        return self._shortest_near_best(self.expected_rate(confidence, rows))
+        return self._shortest_near_best(self.expected_rate(confidence, rows).tolist())
 
-    def _shortest_near_best(self, rate: torch.Tensor) -> int:
-        """The first index whose rate is within `tolerance` of the largest."""
-        return int((rate >= rate.max() * (1 - self.tolerance)).nonzero()[0])
+    def _shortest_near_best(self, rate: list[float]) -> int:
+        """The first index whose rate is within `tolerance` of the largest (plain Python: every row of a batch
+        asks every cycle, and a handful of floats is cheaper here than a chain of small tensor ops)."""
+        floor = max(rate) * (1 - self.tolerance)
+        return next(i for i, r in enumerate(rate) if r >= floor)
 
     def set_batch_cost(self, rows: int, cost: dict[int, float]) -> None:
         """Use `cost` (seconds of a forward of q tokens in each of `rows` rows, q = 1..) for batches of `rows`."""
@@ -141,11 +143,11 @@ class AdaptiveVerify:
             return min(limit, self._probe_drafts(rows))
         return 0
 
-    def _slot_plan(self, rows: int) -> tuple[torch.Tensor, float, float]:
+    def _slot_plan(self, rows: int) -> tuple[list[float], float, float]:
         """For `rows` rows, from the slot history: the rate of drafting n = 1..N, a plain step's rate and the
         probe spacing. The same for every row of a cycle, so computed once until the next `update`."""
         if rows not in self._plan:
-            history = self._rate(self.slot_passed / self.slot_tested, rows)[1:]
+            history = self._rate(self.slot_passed / self.slot_tested, rows)[1:].tolist()
             self._plan[rows] = (history, rows / self.forward_cost(rows, 1),
                                 self._probe_spacing(rows))
         return self._plan[rows]

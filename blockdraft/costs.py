@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import platform
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -20,33 +22,38 @@ from blockdraft.target import TargetModel
 
 log = logging.getLogger(__name__)
 
-FORWARD_VERSION = 2  # part of the cache key: bumped whenever the fast path's forward kernels change
+FORWARD_VERSION = 3  # part of the cache key: bumped whenever the fast path's forward kernels or the way
+# the curve is measured change
 
 
 @torch.inference_mode()
 def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, repeats: int = 5,
                       seed: int = 0, rows: int = 1) -> dict[int, float]:
     """{q: median seconds of a forward of q new tokens in each of `rows` rows (features captured, as in
-    verification)} for q = 1..max_tokens. Batches (rows > 1) need the fast path."""
+    verification)} for q = 1..max_tokens. Batches (rows > 1) need the fast path.
+
+    The sizes are measured in rounds, each round timing every q once, in reverse order every other round
+    (after one untimed warm-up round): a machine whose speed drifts during the measurement (a neighbour on a
+    shared host, a clock change) then shifts every q alike instead of bending the curve."""
     if rows > 1 and not isinstance(target, FastTarget):
         raise InvalidArgumentError(f"a {rows}-row cost curve needs a fast-path target, not {type(target).__name__}")
     g = torch.Generator().manual_seed(seed)
     device = target.device
     prompt = torch.randint(0, target.vocab_size, (rows, context), generator=g).to(device)
     cache = target.new_cache() if rows == 1 else target.new_cache(rows, context + max_tokens + 1)
-    target.forward(prompt, cache, 0, features=bool(target.feature_layer_ids), last_only=True)
-    curve: dict[int, float] = {}
-    for q in range(1, max_tokens + 1):
-        step = torch.randint(0, target.vocab_size, (rows, q), generator=g).to(device)
-        times = []
-        for r in range(repeats + 1):
+    features = bool(target.feature_layer_ids)
+    target.forward(prompt, cache, 0, features=features, last_only=True)
+    steps = {q: torch.randint(0, target.vocab_size, (rows, q), generator=g).to(device)
+             for q in range(1, max_tokens + 1)}
+    times: dict[int, list[float]] = {q: [] for q in steps}
+    for r in range(repeats + 1):
+        for q in (steps if r % 2 == 0 else reversed(steps)):
             t0 = now(device)
-            target.forward(step, cache, context, features=bool(target.feature_layer_ids))
-            if r:  # the first run warms up
-                times.append(now(device) - t0)
+            target.forward(steps[q], cache, context, features=features)
+            if r:  # the first round warms up
+                times[q].append(now(device) - t0)
             _rollback(target, cache, context, rows)
-        curve[q] = statistics.median(times)
-    return curve
+    return {q: statistics.median(ts) for q, ts in times.items()}
 
 
 def _rollback(target: TargetModel, cache: object, length: int, rows: int) -> None:
@@ -58,16 +65,30 @@ def _rollback(target: TargetModel, cache: object, length: int, rows: int) -> Non
 
 
 def cost_key(target: TargetModel, max_tokens: int, context: int, rows: int = 1) -> str:
-    """What the curve depends on: the model's shape, device, dtype, threads, packed layers, sizes, rows."""
+    """What the curve depends on: the model's shape, device (a CPU: threads, kernels, model), dtype, packed
+    layers, sizes, rows."""
     shape = {k: target.config_dict().get(k) for k in ("model_type", "hidden_size", "intermediate_size",
                                                       "num_hidden_layers", "num_attention_heads",
                                                       "num_key_value_heads", "vocab_size")}
     device = target.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu{torch.get_num_threads()}"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     blob = json.dumps([shape, type(target).__name__, name, str(target.dtype), max_tokens, context, FORWARD_VERSION]
                       + (["packed, fused q/k/v and gate/up"] if target.packed else [])
                       + ([f"{rows} rows"] if rows > 1 else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cpu_name() -> str:
+    """The CPU as far as speed goes: threads, the kernels torch picked (AVX2 / AVX512 ...) and the model name,
+    so a cache directory shared between machines (or a VM moved to another host) never serves another CPU's
+    curve."""
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:  # not Linux
+        model = platform.processor()
+    return f"cpu{torch.get_num_threads()} {torch.backends.cpu.get_cpu_capability()} {model}"
 
 
 def cached_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, rows: int = 1) -> dict[int, float]:

@@ -108,6 +108,7 @@ class SpeculativeEngine:
         self.draft_head, self.draft_ids = target.lm_head, None
         # columns of the target's logits (its LM head's rows; models may pad them past the embedding's)
         self.output_size = getattr(target.lm_head, "out_features", target.vocab_size)
+        self._nothing = torch.empty(0, dtype=torch.long, device=target.device)  # the drafts of a plain step
         if drafter is not None:
             check_pair(target, drafter)
             target.set_feature_layers(drafter.config.target_layer_ids)
@@ -196,7 +197,7 @@ class SpeculativeEngine:
         return seq.policy.draft_length(n, rows) if seq.policy is not None and n > 0 else n
 
     def _no_draft(self) -> Proposal:
-        return Proposal(torch.empty(0, dtype=torch.long, device=self.target.device), None, None, 0.0)
+        return Proposal(self._nothing, None, None, 0.0)
 
     def _draft_hidden(self, drafting: list[tuple[DecodeState, int]]) -> list[torch.Tensor]:
         """One drafter forward for all requests, each over [its token, MASK x n] at its position -> hidden states

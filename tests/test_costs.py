@@ -1,7 +1,8 @@
 import pytest
+import torch
 
 from blockdraft.batch_engine import BatchEngine
-from blockdraft.costs import verify_cost_curve
+from blockdraft.costs import cost_key, verify_cost_curve
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.fast_target import FastTarget
@@ -33,3 +34,19 @@ def test_batch_engine_measures_its_batch_size_once(tmp_path, monkeypatch):
     list(BatchEngine(engine, rows=3).run([[1, 2, 3], [4, 5], [6]], opts))
     assert sorted(engine.policy.batch_cost) == [3] and engine.policy.batch_cost[3].numel() == 4
     assert len(list((tmp_path / "costs").glob("*.json"))) == 2  # the one-row curve and the 3-row one
+
+
+def test_every_round_times_each_size_once_alternating_direction():
+    target = FastTarget(tiny_hf_model("llama"))
+    seen: list[int] = []
+    forward = target.forward
+    target.forward = lambda ids, *a, **k: (seen.append(ids.shape[1]), forward(ids, *a, **k))[1]
+    verify_cost_curve(target, 3, context=10, repeats=2)
+    assert seen == [10, 1, 2, 3, 3, 2, 1, 1, 2, 3]  # prompt, warm-up round, then rounds up and down
+
+
+def test_the_cache_key_tells_cpus_apart(monkeypatch):
+    target = FastTarget(tiny_hf_model("llama"))
+    key = cost_key(target, 4, 20)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "SOMETHING_ELSE")
+    assert cost_key(target, 4, 20) != key
