@@ -49,6 +49,12 @@ def break_even_acceptance(cost: dict[int, float], verify_tokens: int, drafter_se
     return (cost[verify_tokens] + drafter_seconds) / cost[1]
 
 
-def predicted_speedup(cost: dict[int, float], verify_tokens: int, drafter_seconds: float, tau: float) -> float:
-    """Speed-up over plain decoding predicted from the cost curve: tau * c(1) / (c(q) + d)."""
-    return tau * cost[1] / (cost[verify_tokens] + drafter_seconds)
+def predicted_speedup(cost: dict[int, float], verify_counts: dict[int, int], plain_cycles: int,
+                      drafter_seconds: float, committed: int) -> float:
+    """Speed-up over plain decoding predicted from the cost curve c and the cycles a run actually made:
+    `committed` tokens at c(1) apiece, over c(q) per verify of q tokens (`verify_counts`: {q: cycles}), c(1)
+    per plain step (an adaptive policy decodes plainly when drafting cannot pay) and the drafter's seconds."""
+    largest = max(cost)
+    seconds = (sum(n * cost[min(q, largest)] for q, n in verify_counts.items()) + plain_cycles * cost[1]
+               + drafter_seconds)
+    return committed * cost[1] / seconds if seconds > 0 else float("nan")

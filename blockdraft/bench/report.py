@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from collections import defaultdict
+from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 from statistics import mean, median
@@ -64,7 +64,12 @@ def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = 
             "mean_verify_tokens": sum(d + 1 for ds in drafted for d in ds) / cycles if cycles else 0.0,
             "drafter_share_of_decode": sum(r.drafter_s for r in records) / decode_s if decode_s else 0.0,
             "drafter_s_per_cycle": sum(r.drafter_s for r in records) / cycles if cycles else 0.0,
+            "drafter_s": sum(r.drafter_s for r in records),
+            "verify_counts": {str(q): n for q, n in sorted(Counter(d + 1 for ds in drafted for d in ds).items())},
+            # decode cycles that verified no draft: the prefill is one target forward, every cycle one more
+            "plain_cycles": sum(max(0, r.target_forwards - 1 - len(r.drafted)) for r in records),
         })
+        out["cycle_tokens"] = sum(sum(x) for x in lengths) + out["plain_cycles"]  # committed by decode cycles
     if reference is not None:
         keys = [(r.dataset, r.prompt_id, r.turn) for r in records]
         same = sum(1 for r, k in zip(records, keys) if k in reference and reference[k] == r.token_ids)
@@ -93,7 +98,8 @@ def summaries(records: list[Record], methods: list[str], greedy: bool) -> dict[s
 
 
 def cost_accounting(overall: dict[str, dict[str, Any]], curve: dict[int, float], context: int) -> dict[str, Any]:
-    """Break-even acceptance and predicted vs measured speed-up of each DFlash method (vs no_draft)."""
+    """Break-even acceptance and predicted vs measured speed-up of each DFlash method (vs no_draft); the
+    prediction prices the cycles the method actually ran, plain steps included, by the cost curve."""
     rows: dict[str, Any] = {}
     for m, row in overall.items():
         if row.get("block_size", 1) <= 1 or row.get("mean_acceptance_length") is None:
@@ -101,12 +107,18 @@ def cost_accounting(overall: dict[str, dict[str, Any]], curve: dict[int, float],
         b = min(max(round(row["mean_verify_tokens"]), 1), max(curve))  # the adaptive length varies: its mean
         d = row["drafter_s_per_cycle"]
         rows[m] = {"verify_tokens": b, "break_even_acceptance": break_even_acceptance(curve, b, d),
-                   "predicted_speedup": predicted_speedup(curve, b, d, row["mean_acceptance_length"]),
+                   "predicted_speedup": _predicted(curve, row),
                    "measured_speedup": row["speedup"].get("no_draft"),
                    "target_tokens_per_committed": row["target_tokens_per_committed"],
                    "drafter_share_of_decode": row["drafter_share_of_decode"]}
     return {"context_tokens": context, "verify_cost_s": {str(q): s for q, s in curve.items()},
             "verify_cost_ratio": {str(q): s / curve[1] for q, s in curve.items()}, "methods": rows}
+
+
+def _predicted(curve: dict[int, float], row: dict[str, Any]) -> float:
+    """The cost curve's prediction for the cycles a method's summary counts (speculative and plain)."""
+    counts = {int(q): n for q, n in row["verify_counts"].items()}
+    return predicted_speedup(curve, counts, row["plain_cycles"], row["drafter_s"], row["cycle_tokens"])
 
 
 # ------------------------------------------------------------------ environment

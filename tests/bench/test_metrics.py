@@ -23,5 +23,9 @@ def test_cost_accounting():
     assert target_tokens_per_committed([[2, 1]], [[3, 3]]) == pytest.approx(8 / 3)
     cost = {1: 0.060, 4: 0.090, 16: 0.100}
     assert break_even_acceptance(cost, 16, 0.020) == pytest.approx(2.0)
-    assert predicted_speedup(cost, 16, 0.020, tau=4.0) == pytest.approx(2.0)
+    # 10 cycles verifying 16 tokens commit 40 (tau 4), the drafter took 0.2 s: 40 * 0.06 / (10 * 0.1 + 0.2)
+    assert predicted_speedup(cost, {16: 10}, 0, 0.2, 40) == pytest.approx(2.0)
+    # and 5 plain steps (an adaptive policy's), one token each at c(1)
+    assert predicted_speedup(cost, {16: 10}, 5, 0.2, 45) == pytest.approx(45 * 0.06 / 1.5)
+    assert predicted_speedup(cost, {20: 1}, 0, 0.0, 1) == pytest.approx(0.6)  # past the curve: its last point
     assert speedup(30.0, 15.0) == 2.0

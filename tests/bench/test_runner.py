@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from blockdraft.adaptive import AdaptiveVerify
-from blockdraft.bench.report import markdown, plots, summaries, summarize
+from blockdraft.bench.report import cost_accounting, markdown, plots, summaries, summarize
 from blockdraft.api import Pipeline
 from blockdraft.bench.runner import BenchSettings, Record, _engine, method_names, run_batched, run_bench
 from blockdraft.errors import InvalidArgumentError
@@ -88,9 +88,12 @@ def test_method_names_are_validated():
         method_names(BenchSettings(), None)
 
 
-def _rec(prompt: str, turn: int, lengths: list[int], tokens: list[int], method: str = "dflash-b4") -> Record:
-    return Record("d", prompt, turn, method, 10, sum(lengths) + 1, 0.1, 1.0, block_size=4,
-                  acceptance_lengths=lengths, drafted=[3] * len(lengths), drafter_s=0.05, token_ids=tokens)
+def _rec(prompt: str, turn: int, lengths: list[int], tokens: list[int], method: str = "dflash-b4",
+         plain: int = 0) -> Record:
+    """A generation: prefill, then cycles committing `lengths` (3 drafts each) and `plain` plain steps."""
+    return Record("d", prompt, turn, method, 10, sum(lengths) + plain + 1, 0.1, 1.0, block_size=4,
+                  acceptance_lengths=lengths, drafted=[3] * len(lengths), drafter_s=0.05,
+                  target_forwards=1 + len(lengths) + plain, token_ids=tokens)
 
 
 def test_acceptance_is_averaged_per_prompt_over_its_turns_then_over_prompts():
@@ -101,6 +104,16 @@ def test_acceptance_is_averaged_per_prompt_over_its_turns_then_over_prompts():
     assert row["acceptance_histogram"] == pytest.approx([2 / 5, 1 / 5, 0, 2 / 5])
     assert row["target_tokens_per_committed"] == pytest.approx(5 * 4 / 12)
     assert row["drafter_s_per_cycle"] == pytest.approx(0.15 / 5)
+
+
+def test_cost_accounting_counts_the_plain_steps_of_an_adaptive_run():
+    recs = [_rec("p", 1, [4, 2], [1], plain=3), _rec("q", 1, [1], [2], plain=1)]
+    row = summarize(recs) | {"speedup": {}}
+    assert row["verify_counts"] == {"4": 3} and row["plain_cycles"] == 4 and row["cycle_tokens"] == 7 + 4
+    curve = {1: 0.05, 2: 0.06, 3: 0.07, 4: 0.08}
+    cost = cost_accounting({"dflash-b4-adaptive": row}, curve, 300)["methods"]["dflash-b4-adaptive"]
+    # 11 tokens at c(1) each, against 3 verifies of 4 tokens, 4 plain steps and 0.1 s of drafting
+    assert cost["predicted_speedup"] == pytest.approx(11 * 0.05 / (3 * 0.08 + 4 * 0.05 + 0.1))
 
 
 def test_markdown_and_plots_from_a_result(tmp_path):
