@@ -58,6 +58,9 @@ class AdaptiveVerify:
         self.momentum, self.probe_every, self.probe_budget = momentum, probe_every, probe_budget
         self.drafter_s = 0.0
         self.skipped, self.interval = 0, probe_every
+        # looked-up drafts (blockdraft.ngram): per match length, how often a draft passed once tested
+        self.ngram_passed: dict[int, float] = {}
+        self.ngram_tested: dict[int, float] = {}
 
     @property
     def max_drafts(self) -> int:
@@ -162,6 +165,33 @@ class AdaptiveVerify:
         plain = self.forward_cost(rows, 1)
         extra = self.forward_cost(rows, 1 + self._probe_drafts(rows)) - plain + self.drafter_s
         return max(0.0, extra) / (self.probe_budget * plain)
+
+    def ngram_rate(self, match: int) -> float:
+        """Estimated probability that a looked-up draft after a `match`-token match passes, given the earlier
+        ones did (Beta-smoothed counts)."""
+        return self.ngram_passed.get(match, self.prior[0]) / self.ngram_tested.get(match, sum(self.prior))
+
+    def ngram_length(self, match: int, limit: int, rows: int = 1) -> int:
+        """How many of `limit` looked-up drafts (after a `match`-token match) to verify; 0 when drafting with
+        the drafter, or decoding plainly, is expected to commit more per second. A lookup costs no drafter
+        forward, so its rate is committed tokens over the verify alone."""
+        if limit <= 0:
+            return 0
+        r, reach, committed, rate = self.ngram_rate(match), 1.0, 1.0, []
+        costs = self._row_costs(rows).tolist()
+        for k in range(1, min(limit, self.max_drafts) + 1):
+            reach *= r
+            committed += reach
+            rate.append(committed / costs[k])
+        history, plain, _ = self._slot_plan(rows)
+        k = self._shortest_near_best(rate) + 1
+        return k if rate[k - 1] > max(plain, max(history[:limit])) else 0
+
+    def update_ngram(self, match: int, verified: int, accepted: int) -> None:
+        """Learn from a cycle that verified `verified` looked-up drafts after a `match`-token match."""
+        if verified:
+            self.ngram_tested[match] = self.ngram_tested.get(match, sum(self.prior)) + min(accepted + 1, verified)
+            self.ngram_passed[match] = self.ngram_passed.get(match, self.prior[0]) + accepted
 
     def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:
         """Learn from one speculative cycle: drafts 1..verified were tested in order, `accepted` passed."""

@@ -160,13 +160,14 @@ class Pipeline:
                max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
                stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
-               verify: str = "adaptive", chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
+               verify: str = "adaptive", ngram: bool = False,
+               chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
         """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
         ids = self.encode(prompt, chat, messages, chat_template_kwargs)
         stops = tuple(self.stop_token_ids() if stop_token_ids is None else stop_token_ids)
         options = DecodeOptions(max_new_tokens=max_new_tokens, block_size=block_size, no_draft=no_draft,
                                 stop_token_ids=stops, sampling=SamplingParams(temperature, top_k, top_p, seed, draft),
-                                verify=verify)
+                                verify=verify, ngram=ngram)
         if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
             raise InvalidArgumentError(f"stop={stop!r}: expected a list of non-empty strings")
         self.engine.block_size(options)  # validate before the first token
@@ -178,7 +179,8 @@ class Pipeline:
         """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
         seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"),
         verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.adaptive;
-        "fixed": the whole block)."""
+        "fixed": the whole block), ngram (also draft by looking the context up where that should commit more,
+        see blockdraft.ngram; off by default: it is not the drafter's acceptance)."""
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass
@@ -188,7 +190,7 @@ class Pipeline:
     def generate_batch(self, prompts: Sequence[str | Messages], *, chat: bool = True, rows: int = 8,
                        max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, seed: int | None = None, block_size: int | None = None,
-                       no_draft: bool = False, draft: str = "sample", verify: str = "adaptive",
+                       no_draft: bool = False, draft: str = "sample", verify: str = "adaptive", ngram: bool = False,
                        chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
         """Generate for many prompts at once (`rows` decode together, continuous batching); results in input
         order. Each item is a user message (chat=True), raw text (chat=False) or a list of messages.
@@ -202,7 +204,7 @@ class Pipeline:
         stops = self.stop_token_ids()
         options = [DecodeOptions(max_new_tokens=m, block_size=block_size, no_draft=no_draft, stop_token_ids=stops,
                                  sampling=SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i,
-                                                         draft), verify=verify)
+                                                         draft), verify=verify, ngram=ngram)
                    for i, m in enumerate(limits)]
         results: list[GenerationOutput | None] = [None] * len(prompts)
         for i, tokens, stats in BatchEngine(self.engine, rows).run(ids, options):

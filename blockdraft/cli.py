@@ -37,6 +37,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", choices=("fixed", "adaptive"), default="adaptive",
                    help="adaptive (default): verify only the draft prefix worth its cost on this device (cost curve "
                         "measured once and cached); fixed: verify every draft of the block")
+    p.add_argument("--ngram", action="store_true",
+                   help="also draft by looking the context up (prompt lookup) where that should commit more; lossless")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
@@ -100,7 +102,7 @@ def run_generate(args: argparse.Namespace) -> int:
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft,
-                         verify=args.verify)
+                         verify=args.verify, ngram=args.ngram)
     for delta in stream:
         if not args.json:
             print(delta, end="", flush=True)

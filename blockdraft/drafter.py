@@ -370,7 +370,7 @@ class Drafter(nn.Module):
         """
         if len(blocks) == 1:
             return [self.draft(blocks[0][None], starts[0], new_features[0], caches[0])[0]]
-        self._extend(new_features, caches)
+        self.extend(new_features, caches)
         for cache, start in zip(caches, starts):
             if cache.length != start:
                 raise RuntimeError(f"draft cache holds {cache.length} context tokens, block starts at {start}")
@@ -395,8 +395,9 @@ class Drafter(nn.Module):
                       lambda causal, window: visibility(positions, k_pos, causal, window, base))
         return [hidden[r, : x.shape[0]] for r, x in enumerate(blocks)]
 
-    def _extend(self, new_features: list[torch.Tensor], caches: list[DraftCache]) -> None:
-        """Project every row's newly committed features in one call and append them to the rows' caches."""
+    def extend(self, new_features: list[torch.Tensor], caches: list[DraftCache]) -> None:
+        """Project every row's newly committed features (1, C_r, K*D) in one call and append them to the rows'
+        caches (`draft_many` does it first; the engine calls it on its own to time it apart)."""
         rows = [r for r, f in enumerate(new_features) if f.shape[1]]
         if not rows:
             return

@@ -21,6 +21,7 @@ from blockdraft.draft_vocab import draft_head
 from blockdraft.drafter import DraftCache, Drafter
 from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
 from blockdraft.fast_target import FastTarget
+from blockdraft.ngram import NgramIndex
 from blockdraft.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
 from blockdraft.stats import GenerationStats, now
 from blockdraft.target import TargetModel
@@ -45,6 +46,7 @@ class DecodeState:
     # features the draft cache has not seen yet, in (1, c, K*D) chunks: joined once, when the request next
     # drafts (appending to one tensor would copy it every cycle while an adaptive policy decodes plainly)
     pending: list[torch.Tensor] = field(default_factory=list)
+    ngram: NgramIndex | None = None         # the committed tokens, for looked-up drafts (options.ngram)
     done: bool = False
 
     @property
@@ -57,7 +59,8 @@ class Proposal:
     drafts: torch.Tensor                    # (n,) drafts to verify
     q: torch.Tensor | None                  # (n, V) their distributions (None at T = 0)
     confidence: torch.Tensor | None         # (N,) drafter confidence of every drafted slot
-    drafter_s: float
+    drafter_s: float                        # this cycle's drafting, without the context projection (see below)
+    source: int = 0                         # 0: the drafter; n > 0: looked up after an n-token match
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class DecodeOptions:
     stop_token_ids: tuple[int, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verify: str = "fixed"  # "fixed": verify every draft of the block; "adaptive": see blockdraft.adaptive
+    ngram: bool = False  # also draft by looking the context up (blockdraft.ngram) when that should commit more
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_MODES:
@@ -153,7 +157,8 @@ class SpeculativeEngine:
             prompt=list(prompt_ids), options=options, stats=stats, block=block,
             gen=None if params.greedy else new_generator(params.seed, self.target.device),
             draft_cache=DraftCache(self.drafter.config.num_hidden_layers, self.draft_window) if speculative else None,
-            policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None)
+            policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None,
+            ngram=NgramIndex(prompt_ids) if speculative and options.ngram else None)
 
     def prefill(self, seq: DecodeState, cache: object, row: int | None = None) -> list[int]:
         """Run the prompt (into cache row `row` on the fast path); returns [first token]."""
@@ -163,6 +168,8 @@ class SpeculativeEngine:
         logits, feats = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
         seq.pending = [] if feats is None else [feats]
         seq.token = self._choose(logits[0, -1], seq.options.sampling, seq.gen)
+        if seq.ngram is not None:
+            seq.ngram.extend([seq.token])
         seq.start, seq.remaining = len(seq.prompt), seq.options.max_new_tokens - 1
         seq.stats.target_forwards += 1
         seq.stats.prefill_time = now(self.target.device) - t0
@@ -179,52 +186,82 @@ class SpeculativeEngine:
         """`propose` for several requests: each runs its own drafter layers, and the drafted slots of all of
         them go through the LM head in one matmul (the head is most of a drafter call's weight traffic)."""
         rows = len(seqs) if rows is None else rows
-        lengths = [self._draft_length(s, rows) for s in seqs]
+        looked = [self._lookup(s, rows) for s in seqs]
+        lengths = [0 if p is not None else self._draft_length(s, rows) for s, p in zip(seqs, looked)]
         before = [s.stats.drafter_time for s in seqs]
         drafting = [(s, n) for s, n in zip(seqs, lengths) if n > 0]
         if not drafting:
-            return [self._no_draft() for _ in seqs]
+            return [p or self._no_draft() for p in looked]
         t0 = now(self.target.device)
-        hidden = self._draft_hidden(drafting)
+        hidden, context_s = self._draft_hidden(drafting)
         layers_s = now(self.target.device) - t0
         logits = iter(self.drafter.logits(torch.cat(hidden), self.draft_head).split([n for _, n in drafting]))
         share = (now(self.target.device) - t0 - layers_s) / len(drafting)  # the head's time, split evenly
-        return [self._proposal(s, next(logits), share, spent, rows) if n > 0 else self._no_draft()
-                for s, n, spent in zip(seqs, lengths, before)]
+        return [p or (self._proposal(s, next(logits), share, spent, rows, context_s) if n > 0 else self._no_draft())
+                for s, n, spent, p in zip(seqs, lengths, before, looked)]
+
+    def _limit(self, seq: DecodeState) -> int:
+        """Most drafts this cycle may verify: the block, the tokens still wanted, the target's context."""
+        return min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
 
     def _draft_length(self, seq: DecodeState, rows: int) -> int:
-        n = min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
+        n = self._limit(seq)
         return seq.policy.draft_length(n, rows) if seq.policy is not None and n > 0 else n
+
+    def _lookup(self, seq: DecodeState, rows: int) -> Proposal | None:
+        """Drafts looked up in the committed context (`blockdraft.ngram`), when there is a match and (with an
+        adaptive policy) verifying them should commit more per second than the drafter or a plain step;
+        without a policy any match is used. Verified as a deterministic proposal (q = one-hot)."""
+        limit = self._limit(seq)
+        if seq.ngram is None or limit <= 0:
+            return None
+        drafts, match = seq.ngram.lookup(limit)
+        if seq.policy is not None and match:
+            drafts = drafts[: seq.policy.ngram_length(match, limit, rows)]
+        if not drafts:
+            return None
+        ids = torch.tensor(drafts, device=self.target.device)
+        q = None if seq.options.sampling.greedy else one_hot(ids, self.output_size, torch.float32)
+        return Proposal(ids, q, None, 0.0, source=match)
 
     def _no_draft(self) -> Proposal:
         return Proposal(self._nothing, None, None, 0.0)
 
-    def _draft_hidden(self, drafting: list[tuple[DecodeState, int]]) -> list[torch.Tensor]:
+    def _draft_hidden(self, drafting: list[tuple[DecodeState, int]]) -> tuple[list[torch.Tensor], float]:
         """One drafter forward for all requests, each over [its token, MASK x n] at its position -> hidden states
-        (n, D) of the masked slots; the committed features waiting for each draft cache go into it first."""
+        (n, D) of the masked slots, and each request's share of the seconds spent projecting the committed
+        features waiting for its draft cache (they go in first, in one call for all requests).
+
+        That projection is timed apart because it is not what a cycle's drafting costs: every committed token
+        is projected once, whether or not the cycle that commits it drafts (after a stretch of plain steps
+        the next draft projects all of them), so the adaptive policy must not weigh it against this cycle."""
         t0 = now(self.target.device)
+        drafter, caches = self.drafter, [s.draft_cache for s, _ in drafting]
         for s, _ in drafting:
             s.pending = [torch.cat(s.pending, dim=1)]
-        drafter, mask = self.drafter, self.drafter.config.mask_token_id
+        drafter.extend([s.pending[0] for s, _ in drafting], caches)
+        context_s = (now(self.target.device) - t0) / len(drafting)
+        for s, _ in drafting:
+            s.pending = [s.pending[0][:, :0]]
+        mask = drafter.config.mask_token_id
         ids = torch.full((len(drafting), 1 + max(n for _, n in drafting)), mask, device=self.target.device)
         ids[:, 0] = torch.tensor([s.token for s, _ in drafting], device=self.target.device)
         emb = self.target.embedding(ids)
         hidden = drafter.draft_many([emb[r, : n + 1] for r, (_, n) in enumerate(drafting)],
-                                    [s.start for s, _ in drafting], [s.pending[0] for s, _ in drafting],
-                                    [s.draft_cache for s, _ in drafting])
+                                    [s.start for s, _ in drafting], [s.pending[0] for s, _ in drafting], caches)
         share = (now(self.target.device) - t0) / len(drafting)
         for s, _ in drafting:
-            s.pending = [s.pending[0][:, :0]]
             s.stats.drafter_forwards += 1
             s.stats.drafter_time += share
-        return [h[1:] for h in hidden]
+        return [h[1:] for h in hidden], context_s
 
     def _proposal(self, seq: DecodeState, logits: torch.Tensor, head_s: float, spent: float,
-                  rows: int = 1) -> Proposal:
+                  rows: int = 1, context_s: float = 0.0) -> Proposal:
         """Drafts from the drafter's logits (n, V') of one request (V' = its draft vocabulary, or all V): the
         tokens (n,), their distributions (n, V) (None at T = 0) and the drafter's confidence per slot (n,): its
         largest probability there. An adaptive policy then keeps the prefix that pays with `rows` rows in the
-        verify forward. `spent`: the request's drafter time before this call."""
+        verify forward. `spent`: the request's drafter time before this call, `context_s`: the part of it
+        that projected committed context (left out of the proposal's cost, see `_draft_hidden`)."""
         t0 = now(self.target.device)
         params, gen = seq.options.sampling, seq.gen
         ids, vocab = self.draft_ids, self.output_size
@@ -242,7 +279,7 @@ class SpeculativeEngine:
             drafts = ids[drafts]
         confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
         seq.stats.drafter_time += head_s + now(self.target.device) - t0
-        prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent)
+        prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent - context_s)
         if seq.policy is not None:
             keep = seq.policy.choose(confidence, rows)
             prop.drafts, prop.q = drafts[:keep], None if q is None else q[:keep]
@@ -264,7 +301,9 @@ class SpeculativeEngine:
             a, bonus = speculative_verify(prop.drafts, q, p, u[:n], u[n])
         if feats is not None:
             seq.pending.append(feats[None, : a + 1].clone())  # not a view that keeps the whole batch alive
-        if seq.policy is not None and prop.confidence is not None:
+        if seq.policy is not None and prop.source:
+            seq.policy.update_ngram(prop.source, n, a)
+        elif seq.policy is not None and prop.confidence is not None:
             seq.policy.update(prop.confidence, n, a, prop.drafter_s)
         committed = prop.drafts[:a].tolist() + [bonus]
         stop = seq.options.stop_token_ids
@@ -275,6 +314,9 @@ class SpeculativeEngine:
         if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
             seq.stats.acceptance_lengths.append(len(committed))
             seq.stats.drafted.append(n)
+            seq.stats.sources.append(prop.source)
+        if seq.ngram is not None:
+            seq.ngram.extend(committed)
         seq.start += len(committed)
         seq.remaining -= len(committed)
         seq.token = committed[-1]

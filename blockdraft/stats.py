@@ -46,6 +46,7 @@ class GenerationStats:
     new_tokens: int = 0
     acceptance_lengths: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)  # drafts verified per cycle (<= block_size - 1)
+    sources: list[int] = field(default_factory=list)  # per cycle: 0 drafter, n > 0 looked up after an n-token match
     prefill_time: float = 0.0
     decode_time: float = 0.0
     drafter_time: float = 0.0
@@ -59,6 +60,16 @@ class GenerationStats:
     @property
     def mean_acceptance_length(self) -> float | None:
         return sum(self.acceptance_lengths) / self.cycles if self.cycles else None
+
+    @property
+    def lookup_cycles(self) -> int:
+        return sum(1 for s in self.sources if s)
+
+    @property
+    def drafter_acceptance_length(self) -> float | None:
+        """Mean acceptance length over the cycles that verified the drafter's drafts (not looked-up ones)."""
+        own = [n for n, s in zip(self.acceptance_lengths, self.sources) if not s]
+        return sum(own) / len(own) if own else None
 
     @property
     def total_time(self) -> float:
@@ -82,6 +93,9 @@ class GenerationStats:
             "cycles": self.cycles,
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_lengths": list(self.acceptance_lengths),
+            "sources": list(self.sources),
+            "lookup_cycles": self.lookup_cycles,
+            "drafter_acceptance_length": self.drafter_acceptance_length,
             "acceptance_histogram": histogram(self.acceptance_lengths, self.block_size),
             "per_position_acceptance": per_position_acceptance(self.acceptance_lengths, self.drafted,
                                                                self.block_size),
@@ -97,6 +111,10 @@ class GenerationStats:
     def summary(self) -> str:
         tau = self.mean_acceptance_length
         tau_s = f"{tau:.2f}" if tau is not None else "n/a (no draft)"
+        if self.lookup_cycles:
+            own = self.drafter_acceptance_length
+            tau_s += (f" ({self.lookup_cycles} cycles looked up; drafter's own "
+                      f"{'n/a' if own is None else f'{own:.2f}'})")
         return (f"{self.new_tokens} tokens in {self.total_time:.2f}s ({self.tokens_per_second:.1f} tok/s; "
                 f"prefill {self.prefill_time * 1000:.0f} ms, decode {self.decode_tokens_per_second:.1f} tok/s) | "
                 f"acceptance length {tau_s} over {self.cycles} cycles (block {self.block_size}) | "

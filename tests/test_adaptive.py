@@ -194,3 +194,27 @@ def test_probes_are_spaced_to_cost_at_most_the_budget():
     assert cycles == pytest.approx(30.0, abs=0.25)
     # one row: a 4-draft verify costs one step, so only the drafter counts: 0.5 / (0.05 * 1.0) = 10 cycles
     assert policy._probe_spacing(1) == pytest.approx(10.0)
+
+
+def test_lookups_are_verified_when_they_should_commit_more_than_the_drafter():
+    policy = AdaptiveVerify({q: 1.0 + 0.05 * q for q in range(1, 9)})
+    assert policy.ngram_rate(3) == 0.5  # the prior
+    for _ in range(20):
+        policy.update_ngram(3, 7, 7)  # 3-token matches: every looked-up draft passes
+        policy.update_ngram(1, 7, 0)  # 1-token matches: none does
+        policy.update(torch.full((7,), 0.05), 7, 0, 0.1)  # and the drafter's slot 1 fails
+    assert policy.ngram_rate(3) > 0.95 and policy.ngram_rate(1) < 0.1
+    assert policy.ngram_length(3, 7) == 7
+    assert policy.ngram_length(1, 7) == 0  # a plain step commits more per second
+    assert policy.ngram_length(3, 0) == 0
+
+
+def test_adaptive_lookups_keep_greedy_output_the_targets(arch):
+    model = tiny_hf_model(arch, head_scale=3.0)
+    target = TargetModel(model)
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8), policy=AdaptiveVerify(STEEP))
+    for prompt in prompts(4, seed=23):
+        prompt = prompt + prompt
+        out, _ = decode(engine, prompt, max_new_tokens=30, ngram=True, verify="adaptive")
+        assert out == hf_greedy(model, prompt, 30)
+    assert engine.policy.ngram_tested, "the policy must have verified looked-up drafts"

@@ -98,3 +98,17 @@ def test_greedy_rows_equal_solo_under_the_learning_batch_aware_policy():
     opts = [DecodeOptions(max_new_tokens=20, verify="adaptive") for _ in ps]
     alone = [solo(engine, p, o)[0] for p, o in zip(ps, opts)]
     assert [tokens for tokens, _ in batched(engine, ps, opts, 4)] == alone
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_rows_with_looked_up_drafts_decode_what_they_decode_alone(arch, rows):
+    target = FastTarget(tiny_hf_model(arch, head_scale=3.0))
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8))
+    opts = [DecodeOptions(max_new_tokens=20, ngram=True, block_size=[8, 4][i % 2],
+                          sampling=SamplingParams() if i % 2 else SamplingParams(temperature=0.9, seed=i))
+            for i in range(5)]
+    ps = [list(range(96)) + p for p in prompts(5, seed=rows)]  # every token once: any answer has matches
+    alone = [solo(engine, p, o) for p, o in zip(ps, opts)]
+    together = batched(engine, ps, opts, rows)
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in alone]
+    assert all(st.lookup_cycles for _, st in together)

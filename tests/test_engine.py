@@ -1,4 +1,5 @@
 import random
+import time
 
 import numpy as np
 import pytest
@@ -237,3 +238,44 @@ def test_a_draft_window_keeps_output_lossless():
         assert decode(engine, prompt, max_new_tokens=30)[0] == hf_greedy(model, prompt, 30)
     with pytest.raises(InvalidArgumentError, match="draft_window=0"):
         SpeculativeEngine(target, tiny_drafter(target), draft_window=0)
+
+
+def test_a_proposal_costs_its_drafting_without_the_context_catch_up(monkeypatch):
+    """After plain steps the next draft projects every token they committed: a cost of those tokens, not of
+    the cycle, so the adaptive policy must not see it (the request's drafter time still counts it)."""
+    target = TargetModel(tiny_hf_model("llama"))
+    engine = SpeculativeEngine(target, tiny_drafter(target))
+    extend = engine.drafter.extend
+    monkeypatch.setattr(engine.drafter, "extend", lambda *a: (time.sleep(0.05), extend(*a))[1])
+    seq = engine.begin(PROMPT, DecodeOptions(max_new_tokens=20), GenerationStats(1))
+    with torch.inference_mode():
+        engine.prefill(seq, target.new_cache())
+        prop = engine.propose(seq)
+    assert prop.drafts.numel() == 7 and seq.stats.drafter_time - prop.drafter_s >= 0.05
+
+
+# ---------------------------------------------------------------- looked-up drafts (blockdraft.ngram)
+def test_looked_up_drafts_keep_greedy_output_the_targets(arch):
+    model = tiny_hf_model(arch, head_scale=3.0)
+    target = TargetModel(model)
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8))
+    looked = 0
+    for prompt in prompts(4, seed=21):
+        prompt = prompt + prompt  # a repeated prompt: lookups find matches from the first token on
+        out, stats = decode(engine, prompt, max_new_tokens=30, ngram=True)
+        assert out == hf_greedy(model, prompt, 30)
+        assert len(stats.sources) == stats.cycles
+        looked += stats.lookup_cycles
+    assert looked > 0
+
+
+def test_looked_up_drafts_keep_the_targets_distribution(sampling_setup):
+    engine, joint = sampling_setup
+    counts, looked = np.zeros((VOCAB,) * 3), 0
+    for seed in range(SAMPLES):
+        out, stats = decode(engine, PROMPT, max_new_tokens=3, block_size=4, ngram=True,
+                            sampling=SamplingParams(temperature=1.0, seed=seed))
+        counts[tuple(out)] += 1
+        looked += stats.lookup_cycles
+    assert looked > SAMPLES // 10, "the test must verify looked-up drafts often"
+    assert chi_square_pvalue(counts, joint) > 1e-3

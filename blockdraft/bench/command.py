@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-sizes", type=_ints, default=(), help="DFlash run-time block sizes (default: trained)")
     p.add_argument("--verify", default="fixed", help="DFlash verify modes, comma-separated: fixed,adaptive")
     p.add_argument("--methods", default="dflash,no_draft,hf_generate,hf_prompt_lookup",
-                   help="comma-separated subset of dflash,dflash_fullvocab,dflash_hf,no_draft,hf_generate,"
+                   help="comma-separated subset of dflash,dflash_fullvocab,dflash_ngram,dflash_hf,no_draft,hf_generate,"
                         "hf_prompt_lookup (docs/bench.md)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--thinking", choices=("on", "off", "default"), default="default",

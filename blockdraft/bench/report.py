@@ -70,6 +70,10 @@ def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = 
             "plain_cycles": sum(max(0, r.target_forwards - 1 - len(r.drafted)) for r in records),
         })
         out["cycle_tokens"] = sum(sum(x) for x in lengths) + out["plain_cycles"]  # committed by decode cycles
+        if any(r.sources for r in records):  # looked-up drafts: the drafter's own cycles apart
+            own = [n for r in records for n, src in zip(r.acceptance_lengths, r.sources) if not src]
+            out["lookup_cycles"] = sum(1 for r in records for src in r.sources if src)
+            out["drafter_mean_acceptance_length"] = sum(own) / len(own) if own else None
     if reference is not None:
         keys = [(r.dataset, r.prompt_id, r.turn) for r in records]
         same = sum(1 for r, k in zip(records, keys) if k in reference and reference[k] == r.token_ids)
@@ -175,6 +179,12 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {dataset} | {m} | {_f(row.get('mean_acceptance_length'))} | "
                          f"{row['tokens_per_second']:.1f} | {row['ttft_ms_median']:.0f} | {row['tpot_ms']:.1f} | "
                          f"{_f(row['speedup'].get('no_draft'))} | {_f(row['speedup'].get('hf_generate'))} | {same} |")
+    looked = [(d, m, row) for d, table in result["summaries"].items() for m, row in table.items()
+              if row.get("lookup_cycles")]
+    if looked:
+        lines += ["", "Looked-up drafts (tau above counts every cycle):", ""]
+        lines += [f"- {d} / {m}: {row['lookup_cycles']} of {row['cycles']} cycles looked up; the drafter's own "
+                  f"tau {_f(row['drafter_mean_acceptance_length'])}" for d, m, row in looked]
     if result.get("batch"):
         lines += _batch_lines("first turns", result["batch"])
     for dataset, batch in result.get("batch_by_dataset", {}).items():

@@ -73,6 +73,7 @@ class Record:
     block_size: int = 1
     acceptance_lengths: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)  # per cycle: 0 drafter, n > 0 looked up (blockdraft.ngram)
     drafter_s: float = 0.0
     target_forwards: int = 0
     token_ids: list[int] = field(default_factory=list)
@@ -85,10 +86,10 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
     """Expand 'dflash' into one dflash-bN per block size; validate the rest."""
     names: list[str] = []
     for m in settings.methods:
-        if m in ("dflash", "dflash_fullvocab"):
+        if m in ("dflash", "dflash_fullvocab", "dflash_ngram"):
             if trained_block_size is None:
                 raise InvalidArgumentError(f"method {m!r} needs a drafter")
-            suffix = "" if m == "dflash" else "-fullvocab"
+            suffix = "" if m == "dflash" else "-" + m.split("_")[1]
             for b in settings.block_sizes or (trained_block_size,):
                 if not 2 <= b <= trained_block_size:
                     raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
@@ -99,7 +100,7 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
             names.append("dflash-hfpath")
         else:
             raise InvalidArgumentError(
-                f"method {m!r}: expected dflash, dflash_fullvocab, dflash_hf, {', '.join(BASE_METHODS)}")
+                f"method {m!r}: expected dflash, dflash_fullvocab, dflash_ngram, dflash_hf, {', '.join(BASE_METHODS)}")
     bad = [v for v in settings.verify if v not in VERIFY_MODES]
     if bad:
         raise InvalidArgumentError(f"verify mode {bad[0]!r}: expected one of {VERIFY_MODES}")
@@ -180,7 +181,7 @@ def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
                          stop_token_ids=stops,
                          sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
-                         verify="adaptive" if "-adaptive" in method else "fixed")
+                         verify="adaptive" if "-adaptive" in method else "fixed", ngram=method.endswith("-ngram"))
 
 
 def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[int], method: str,
@@ -192,6 +193,7 @@ def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[i
     tokens, st, total = _engine_run(pipe, ids, method, s, stops, seed)
     return Record(dataset, prompt_id, turn, method, len(ids), len(tokens), st.prefill_time, total,
                   block_size=st.block_size, acceptance_lengths=list(st.acceptance_lengths), drafted=list(st.drafted),
+                  sources=list(st.sources),
                   drafter_s=st.drafter_time, target_forwards=st.target_forwards, token_ids=tokens)
 
 

@@ -130,3 +130,12 @@ def test_markdown_and_plots_from_a_result(tmp_path):
     assert names == ["acceptance_histogram.png", "per_position_acceptance.png", "speedup.png", "verify_cost.png"]
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
     json.dumps(result)
+
+
+def test_looked_up_cycles_are_reported_apart_from_the_drafters():
+    rec = _rec("p", 1, [4, 2, 3], [1], method="dflash-b4-ngram")
+    rec.sources = [3, 0, 0]
+    row = summarize([rec])
+    assert row["lookup_cycles"] == 1 and row["drafter_mean_acceptance_length"] == pytest.approx(2.5)
+    md = markdown({"summaries": {"d": {"dflash-b4-ngram": row | {"speedup": {}}}}})
+    assert "1 of 3 cycles looked up; the drafter's own tau 2.50" in md
