@@ -160,7 +160,7 @@ class Pipeline:
                max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
                stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
-               verify: str = "adaptive", ngram: bool = False,
+               verify: str = "adaptive", ngram: bool = True,
                chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
         """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
         ids = self.encode(prompt, chat, messages, chat_template_kwargs)
@@ -179,8 +179,8 @@ class Pipeline:
         """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
         seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"),
         verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.adaptive;
-        "fixed": the whole block), ngram (also draft by looking the context up where that should commit more,
-        see blockdraft.ngram; off by default: it is not the drafter's acceptance)."""
+        "fixed": the whole block), ngram (True, the default: also draft by looking the context up in the cycles
+        where that should commit more, see blockdraft.ngram; False: the drafter's drafts only)."""
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass
@@ -190,7 +190,7 @@ class Pipeline:
     def generate_batch(self, prompts: Sequence[str | Messages], *, chat: bool = True, rows: int = 8,
                        max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, seed: int | None = None, block_size: int | None = None,
-                       no_draft: bool = False, draft: str = "sample", verify: str = "adaptive", ngram: bool = False,
+                       no_draft: bool = False, draft: str = "sample", verify: str = "adaptive", ngram: bool = True,
                        chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
         """Generate for many prompts at once (`rows` decode together, continuous batching); results in input
         order. Each item is a user message (chat=True), raw text (chat=False) or a list of messages.

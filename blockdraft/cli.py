@@ -37,8 +37,9 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", choices=("fixed", "adaptive"), default="adaptive",
                    help="adaptive (default): verify only the draft prefix worth its cost on this device (cost curve "
                         "measured once and cached); fixed: verify every draft of the block")
-    p.add_argument("--ngram", action="store_true",
-                   help="also draft by looking the context up (prompt lookup) where that should commit more; lossless")
+    p.add_argument("--no-ngram", dest="ngram", action="store_false",
+                   help="draft with the drafter only (default: also look the context up, prompt-lookup style, in the "
+                        "cycles where that should commit more; lossless either way)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")

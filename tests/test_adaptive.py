@@ -218,3 +218,25 @@ def test_adaptive_lookups_keep_greedy_output_the_targets(arch):
         out, _ = decode(engine, prompt, max_new_tokens=30, ngram=True, verify="adaptive")
         assert out == hf_greedy(model, prompt, 30)
     assert engine.policy.ngram_tested, "the policy must have verified looked-up drafts"
+
+
+def test_a_lookup_in_a_batch_pays_for_widening_every_rows_verify():
+    policy = AdaptiveVerify({q: 1.0 for q in range(1, 9)})  # one row: a verify costs one step
+    policy.set_batch_cost(8, {q: 1.0 + 0.5 * (q - 1) for q in range(1, 9)})  # 8 rows: +50% per token
+    for _ in range(20):
+        policy.update_ngram(3, 7, 7)
+    assert policy.ngram_length(3, 7, rows=1) == 7
+    # alone in a batch of 8, even 8 sure tokens for one row cost the other seven 3.5 steps: plain is better
+    assert policy.ngram_length(3, 7, rows=8) == 0
+
+
+def test_in_a_batch_speculation_must_beat_plain_by_a_margin():
+    policy = AdaptiveVerify({1: 1.0, 2: 1.0})
+    for _ in range(50):
+        policy.update_ngram(3, 1, 1)  # looked-up drafts after 3-token matches always pass
+        policy.update(torch.full((1,), 0.05), 1, 0, 0.0)  # the drafter's never do
+    policy.set_batch_cost(8, {1: 1.0, 2: 1.1})
+    assert policy.ngram_length(3, 1, rows=8) == 0  # 9 tokens in 1.1 steps: only 2% over 8 in one
+    policy.set_batch_cost(8, {1: 1.0, 2: 1.05})
+    assert policy.ngram_length(3, 1, rows=8) == 1  # 7% over
+    assert policy.ngram_length(3, 1, rows=1) == 1
