@@ -23,11 +23,17 @@ measured at that batch size when one is given (`set_batch_cost`; `BatchEngine` m
 and batch size), else interpolated linearly in the rows between the nearest known sizes, else extrapolated
 from the single-row curve by total tokens (which underestimates a batch's cost by 10-25% on a 2-core CPU).
 
+The curve is measured once per device and cached, at one context length; every verify forward is then
+compared with it and the policy corrects it online (`observe`, `CostDrift`), so a curve measured under
+another job's load, or a request whose context makes attention dearer, does not keep mispricing the lengths.
+
 Lossless by construction: n is a function of the drafter's distributions and of past cycles only, never of
 the sampled draft tokens, so speculative sampling over the first n drafts is exact for any such n (choosing
 n from the drawn tokens would bias sampling); at T = 0 any n gives the same greedy output.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,7 +51,7 @@ BATCH_MARGIN = 0.05
 class AdaptiveVerify:
     def __init__(self, cost: dict[int, float], bins: int = 10, prior: tuple[float, float] = (1.0, 1.0),
                  momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98, tolerance: float = 0.01,
-                 probe_budget: float = 0.01) -> None:
+                 probe_budget: float = 0.01, learn_costs: bool = True) -> None:
         if not probe_budget > 0:
             raise InvalidArgumentError(f"probe_budget={probe_budget}: expected a fraction of the decoding time > 0")
         self.cost = _curve(cost)  # cost[q-1] = c(q), one row
@@ -65,6 +71,8 @@ class AdaptiveVerify:
         # looked-up drafts (blockdraft.ngram): per match length, how often a draft passed once tested
         self.ngram_passed: dict[int, float] = {}
         self.ngram_tested: dict[int, float] = {}
+        self.drift: dict[int, CostDrift] = {}  # rows -> what the verify forwards really took, vs the curve
+        self.learn_costs = learn_costs  # False: trust `cost` as given (`observe` does nothing)
 
     @property
     def max_drafts(self) -> int:
@@ -118,7 +126,28 @@ class AdaptiveVerify:
         return _at(self.cost, tokens)
 
     def forward_cost(self, rows: int, q: int) -> float:
-        """Seconds of a verify forward of q tokens in each of `rows` rows."""
+        """Seconds of a verify forward of q tokens in each of `rows` rows: the measured curve, corrected by
+        what the forwards of this batch size actually took (`observe`)."""
+        drift = self.drift.get(rows)
+        return self._curve_cost(rows, q) * (1.0 if drift is None else drift.factor(q))
+
+    def observe(self, q: int, seconds: float, rows: int = 1) -> None:
+        """Learn from a verify forward of q tokens per row (`rows` rows) that took `seconds`.
+
+        The curve is measured once, at one context length, and cached; the machine's load, the context the
+        requests really have, or a measurement disturbed by another job can make it wrong, and wrong in shape
+        (c(4) / c(1) measured 1.47 under a neighbour's load, 1.19 alone). So every forward is compared with
+        it, and the log of the ratio is learned per size and smoothed across neighbouring sizes (`CostDrift`),
+        so the correction also reaches lengths next to the ones the policy chooses (the curve may price them
+        too high for the policy ever to try them)."""
+        if not (self.learn_costs and q >= 1 and seconds > 0):
+            return
+        drift = self.drift.setdefault(rows, CostDrift(self.max_drafts + 1))
+        if drift.add(q, seconds / self._curve_cost(rows, q)):
+            self._per_row.pop(rows, None)
+            self._plan.pop(rows, None)
+
+    def _curve_cost(self, rows: int, q: int) -> float:
         if rows == 1 or not self.batch_cost:
             return self.cost_of(rows * q)
         if rows in self.batch_cost:
@@ -227,6 +256,49 @@ class AdaptiveVerify:
             counts.mul_(self.decay).add_((1 - self.decay) * base)
         self.slot_tested[:tested] += ones
         self.slot_passed[:tested] += hits
+
+
+class CostDrift:
+    """log(observed / curve) of the verify forwards per verify size q, filled in across neighbouring sizes.
+
+    Each size keeps decayed sums of its forwards' log ratios (each forward counts `decay` less per later
+    one, so ~1 / (1 - decay) are remembered). The correction at q is the mean of q's own forwards, plus its
+    neighbours' means weighted by a Gaussian in the distance |q - j| (`width` sizes) and by their counts up
+    to `prior`, shrunk towards 0 (the curve is right) as if `prior` forwards had agreed with the curve: a
+    size observed often gets its own ratio, its unobserved neighbours part of theirs, distant sizes keep the
+    measured curve. Refitted every `refit_every` forwards; the factor stays within [1 / limit, limit]."""
+
+    def __init__(self, sizes: int, decay: float = 0.99, prior: float = 2.0, width: float = 2.0,
+                 refit_every: int = 8, limit: float = 2.0) -> None:
+        self.decay, self.prior, self.refit_every = decay, prior, refit_every
+        self.log_limit = math.log(limit)
+        self.kernel = [[math.exp(-0.5 * ((q - j) / width) ** 2) for j in range(sizes)] for q in range(sizes)]
+        self.weight, self.total = [0.0] * sizes, [0.0] * sizes  # per size: decayed count, sum of log ratios
+        self.log_factor = [0.0] * sizes
+        self.seen = 0
+
+    def add(self, q: int, ratio: float) -> bool:
+        """Count one forward of q tokens (`ratio` = its seconds over the curve's); True when the fit changed."""
+        i = min(q, len(self.weight)) - 1
+        d = self.decay
+        self.weight = [w * d for w in self.weight]
+        self.total = [t * d for t in self.total]
+        self.weight[i] += 1.0
+        self.total[i] += max(-self.log_limit, min(self.log_limit, math.log(ratio)))
+        self.seen += 1
+        if self.seen % self.refit_every:
+            return False
+        # a neighbour counts at most `prior` forwards: it fills in a size with little evidence of its own,
+        # but does not pull a well-observed size off its own mean
+        capped = [(min(w, self.prior), t / w if w else 0.0) for w, t in zip(self.weight, self.total)]
+        self.log_factor = [
+            (self.total[q] + sum(k * c * m for j, (k, (c, m)) in enumerate(zip(row, capped)) if j != q))
+            / (self.prior + self.weight[q] + sum(k * c for j, (k, (c, _)) in enumerate(zip(row, capped)) if j != q))
+            for q, row in enumerate(self.kernel)]
+        return True
+
+    def factor(self, q: int) -> float:
+        return math.exp(self.log_factor[min(q, len(self.log_factor)) - 1])
 
 
 def _curve(cost: dict[int, float]) -> torch.Tensor:

@@ -106,7 +106,10 @@ class BatchEngine:
             ids[i, n + 1:] = s.token  # padding after the real tokens: masked by position, rolled back
         view = None if active == list(range(len(active))) else active
         features = any(s.speculative for s in states)
+        t1 = now(device)
         logits, feats = target.forward(ids, cache, [s.start for s in states], features=features, rows=view)
+        if engine.policy is not None and any(s.policy is not None for s in states):
+            engine.policy.observe(width, now(device) - t1, rows=len(active))
         finished = []
         for i, (r, s, p) in enumerate(zip(active, states, props)):
             committed = engine.settle(s, p, logits[i], feats[i] if s.speculative else None)

@@ -9,7 +9,6 @@ import hashlib
 import json
 import logging
 import platform
-import statistics
 from pathlib import Path
 
 import torch
@@ -22,19 +21,22 @@ from blockdraft.target import TargetModel
 
 log = logging.getLogger(__name__)
 
-FORWARD_VERSION = 3  # part of the cache key: bumped whenever the fast path's forward kernels or the way
+FORWARD_VERSION = 4  # part of the cache key: bumped whenever the fast path's forward kernels or the way
 # the curve is measured change
 
 
 @torch.inference_mode()
 def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, repeats: int = 5,
                       seed: int = 0, rows: int = 1) -> dict[int, float]:
-    """{q: median seconds of a forward of q new tokens in each of `rows` rows (features captured, as in
+    """{q: seconds of a forward of q new tokens in each of `rows` rows (features captured, as in
     verification)} for q = 1..max_tokens. Batches (rows > 1) need the fast path.
 
     The sizes are measured in rounds, each round timing every q once, in reverse order every other round
     (after one untimed warm-up round): a machine whose speed drifts during the measurement (a neighbour on a
-    shared host, a clock change) then shifts every q alike instead of bending the curve."""
+    shared host, a clock change) then shifts every q alike instead of bending the curve. Each q keeps its
+    fastest round (interference only ever adds time), and the curve is made non-decreasing in q (`monotone`):
+    a forward of more tokens never costs less, so a dip or a spike at one q is noise that would otherwise
+    steer the adaptive policy to or away from that exact length."""
     if rows > 1 and not isinstance(target, FastTarget):
         raise InvalidArgumentError(f"a {rows}-row cost curve needs a fast-path target, not {type(target).__name__}")
     g = torch.Generator().manual_seed(seed)
@@ -53,7 +55,19 @@ def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, 
             if r:  # the first round warms up
                 times[q].append(now(device) - t0)
             _rollback(target, cache, context, rows)
-    return {q: statistics.median(ts) for q, ts in times.items()}
+    fastest = monotone([min(times[q]) for q in steps])
+    return dict(zip(steps, fastest))
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence to `values` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def _rollback(target: TargetModel, cache: object, length: int, rows: int) -> None:

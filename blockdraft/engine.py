@@ -139,7 +139,10 @@ class SpeculativeEngine:
             t0 = now(self.target.device)
             prop = self.propose(seq)
             ids = torch.cat([torch.tensor([seq.token], device=self.target.device), prop.drafts])[None]
+            t1 = now(self.target.device)
             logits, feats = self.target.forward(ids, cache, seq.start, features=seq.speculative)
+            if seq.policy is not None:
+                seq.policy.observe(ids.shape[1], now(self.target.device) - t1)
             committed = self.settle(seq, prop, logits[0], None if feats is None else feats[0])
             self.target.rollback(cache, seq.start)
             seq.stats.decode_time += now(self.target.device) - t0

@@ -86,7 +86,7 @@ def test_adaptive_greedy_output_equals_fixed_and_plain(arch, cost):
 def _adaptive_sampling_engine(seed_bias: bool = False):
     model = tiny_hf_model("qwen3", vocab=VOCAB, layers=2, head_scale=12.0, seed=5)
     target = TargetModel(model)
-    policy = AdaptiveVerify({1: 1.0, 2: 1.3, 3: 1.6, 4: 2.0})
+    policy = AdaptiveVerify({1: 1.0, 2: 1.3, 3: 1.6, 4: 2.0}, learn_costs=False)  # a curve in made-up seconds
     policy.accepted[:] = torch.linspace(0.1, 0.9, 10) * 50  # so the choice depends on the confidence
     policy.tested[:] = 50
     engine = SpeculativeEngine(target, tiny_drafter(target, std=0.5, seed=3, block_size=4), policy=policy)
@@ -240,3 +240,43 @@ def test_in_a_batch_speculation_must_beat_plain_by_a_margin():
     policy.set_batch_cost(8, {1: 1.0, 2: 1.05})
     assert policy.ngram_length(3, 1, rows=8) == 1  # 7% over
     assert policy.ngram_length(3, 1, rows=1) == 1
+
+
+def test_observed_forwards_correct_a_curve_that_is_wrong_in_shape():
+    measured = {q: 1.0 + 0.3 * (q - 1) for q in range(1, 9)}  # priced under load: verifies look dear
+    true = {q: 0.9 * (1.0 + 0.05 * (q - 1)) for q in range(1, 9)}
+    policy = AdaptiveVerify(measured)
+    policy.accepted[:], policy.tested[:] = 50, 100
+    before = policy.choose(torch.full((7,), 0.9))
+    for i in range(300):  # the policy only ever verifies 1, 2 or 3 tokens
+        q = 1 + i % 3
+        policy.observe(q, true[q])
+    for q in (1, 2, 3):
+        assert policy.forward_cost(1, q) == pytest.approx(true[q], rel=0.08)  # neighbours differ by 10-25%
+    for q in (4, 5):  # unobserved neighbours move towards the truth, distant sizes keep the curve
+        assert true[q] < policy.forward_cost(1, q) < 0.9 * measured[q]
+    assert policy.forward_cost(1, 8) == pytest.approx(measured[8], rel=0.05)
+    assert policy.choose(torch.full((7,), 0.9)) > before
+
+
+def test_observations_that_agree_with_the_curve_change_nothing():
+    policy = AdaptiveVerify(STEEP)
+    for i in range(100):
+        policy.observe(1 + i % 8, STEEP[1 + i % 8])
+    policy.observe(2, 0.0)  # nonsense timings are ignored
+    policy.observe(0, 1.0)
+    assert [policy.forward_cost(1, q) for q in STEEP] == pytest.approx(list(STEEP.values()), rel=1e-9)
+    assert policy.drift[1].seen == 100
+    trusting = AdaptiveVerify(STEEP, learn_costs=False)
+    for _ in range(100):
+        trusting.observe(3, 10 * STEEP[3])
+    assert trusting.forward_cost(1, 3) == STEEP[3]
+
+
+def test_each_batch_size_learns_its_own_correction():
+    policy = AdaptiveVerify({q: 1.0 for q in range(1, 5)})
+    policy.set_batch_cost(4, {q: 2.0 for q in range(1, 5)})
+    for _ in range(100):
+        policy.observe(2, 4.0, rows=4)
+    assert policy.forward_cost(4, 2) == pytest.approx(4.0, rel=0.1)
+    assert policy.forward_cost(1, 2) == 1.0

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from blockdraft.batch_engine import BatchEngine
-from blockdraft.costs import cost_key, verify_cost_curve
+from blockdraft.costs import cost_key, monotone, verify_cost_curve
 from blockdraft.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.fast_target import FastTarget
@@ -50,3 +50,24 @@ def test_the_cache_key_tells_cpus_apart(monkeypatch):
     key = cost_key(target, 4, 20)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "SOMETHING_ELSE")
     assert cost_key(target, 4, 20) != key
+
+
+def test_the_curve_is_the_fastest_round_made_non_decreasing(monkeypatch):
+    assert monotone([1.0, 3.0, 2.0, 4.0, 4.0, 3.5, 6.0]) == pytest.approx([1, 2.5, 2.5, 23 / 6, 23 / 6, 23 / 6, 6])
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    target = FastTarget(tiny_hf_model("llama"))
+    clock = [0.0]
+    seconds = {1: [1.0, 1.0], 2: [5.0, 2.0], 3: [1.5, 1.5]}  # a neighbour slows one round of q = 2
+    calls = {q: 0 for q in seconds}
+    forward = target.forward
+
+    def timed(ids, *a, **k):
+        q = ids.shape[1]
+        if q in seconds and calls[q] > 0:  # after the untimed warm-up round
+            clock[0] += seconds[q][calls[q] - 1]
+        calls[q] = calls.get(q, 0) + 1
+        return forward(ids, *a, **k)
+    target.forward = timed
+    monkeypatch.setattr("blockdraft.costs.now", lambda _device=None: clock[0])
+    curve = verify_cost_curve(target, 3, context=10, repeats=2)
+    assert curve == pytest.approx({1: 1.0, 2: 1.75, 3: 1.75})  # min per q: 1, 2, 1.5, then pooled
