@@ -58,6 +58,13 @@ class TextStream:
     def __next__(self) -> str:
         return next(self._deltas)
 
+    def close(self) -> None:
+        """Stop generating now and free the request's KV cache at once (otherwise that waits for the garbage
+        collector: the generator and this stream refer to each other). `.output` stays None if not ended."""
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
+
 
 class Pipeline:
     """A target (+ tokenizer) and an optional DFlash drafter, ready to generate text."""

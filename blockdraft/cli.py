@@ -1,4 +1,4 @@
-"""Command line: `blockdraft generate ...`."""
+"""Command line: `blockdraft generate ...`, `blockdraft serve ...` and the train / bench / export commands."""
 from __future__ import annotations
 
 import argparse
@@ -17,19 +17,22 @@ from blockdraft.train.command import run_data, run_train
 log = logging.getLogger(__name__)
 
 
-def _generate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text with a target + DFlash drafter pair")
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """The target / drafter pair and how to load it (generate and serve)."""
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"short id, local folder or hub id (default {DEFAULT_TARGET})")
     p.add_argument("--drafter", default=None, help="DFlash drafter folder (published z-lab format or ours); default: the "
                    "one shipped for the target (blockdraft/models/), or 'untrained'")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="raw text prompt (no chat template)")
-    src.add_argument("--chat", help="one user message, formatted with the target's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   help="torch.compile the per-layer blocks (mode: default | reduce-overhead = CUDA graphs)")
+    p.add_argument("--draft-window", type=int, default=None, help="keep only this many context tokens in the drafter's cache")
+    add_pack_argument(p)
+    add_draft_vocab_argument(p)
+
+
+def _decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """How speculation runs (generate and serve; a server applies them to every request)."""
     p.add_argument("--block-size", type=int, default=None, help="run-time block size (<= the trained one)")
     p.add_argument("--draft", choices=("sample", "greedy"), default="sample",
                    help="with temperature > 0: sample drafts from the drafter or propose its argmax")
@@ -40,16 +43,34 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-ngram", dest="ngram", action="store_false",
                    help="draft with the drafter only (default: also look the context up, prompt-lookup style, in the "
                         "cycles where that should commit more; lossless either way)")
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text with a target + DFlash drafter pair")
+    _model_arguments(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="raw text prompt (no chat template)")
+    src.add_argument("--chat", help="one user message, formatted with the target's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    _decoding_arguments(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
-    p.add_argument("--compile", nargs="?", const="default", default=None,
-                   help="torch.compile the per-layer blocks (mode: default | reduce-overhead = CUDA graphs)")
-    p.add_argument("--draft-window", type=int, default=None, help="keep only this many context tokens in the drafter's cache")
-    add_pack_argument(p)
-    add_draft_vocab_argument(p)
     p.add_argument("--stats", action="store_true", help="print the stats and memory lines after the text (stderr)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions); "
+                                     "requests run one at a time, in arrival order (docs/serve.md)")
+    _model_arguments(p)
+    _decoding_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait behind the running one; more are answered 503 (default 64)")
 
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,17 +114,28 @@ def _draft_vocab(args: argparse.Namespace):
     return ids
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def _load_pipeline(args: argparse.Namespace):
+    """The Pipeline named by `_model_arguments`."""
     from blockdraft.api import Pipeline
-    from blockdraft.memory import describe
 
-    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype,
+    return Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype,
                          draft_window=args.draft_window, compile=args.compile, pack=pack_choice(args),
                          draft_vocab=not args.full_vocab_drafts)
+
+
+def _decoding_options(args: argparse.Namespace) -> dict:
+    """`Pipeline.stream` keywords from `_decoding_arguments`."""
+    return dict(block_size=args.block_size, no_draft=args.no_draft, draft=args.draft, verify=args.verify,
+                ngram=args.ngram)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from blockdraft.memory import describe
+
+    pipe = _load_pipeline(args)
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         block_size=args.block_size, no_draft=args.no_draft, stop=args.stop, draft=args.draft,
-                         verify=args.verify, ngram=args.ngram)
+                         stop=args.stop, **_decoding_options(args))
     for delta in stream:
         if not args.json:
             print(delta, end="", flush=True)
@@ -119,6 +151,26 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C or SIGTERM, then close the socket and stop the worker (the running request is cut)."""
+    from blockdraft.serve import BlockdraftServer
+
+    pipe = _load_pipeline(args)
+    try:
+        server = BlockdraftServer(pipe, (args.host, args.port), model_id=args.target, max_queue=args.max_queue,
+                                  options=_decoding_options(args))
+    except OSError as exc:
+        raise BlockdraftError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
+    with server:
+        try:
+            print(f"blockdraft: serving {args.target} at {server.url}/v1 (one request at a time, up to "
+                  f"{args.max_queue} queued); Ctrl-C stops", file=sys.stderr, flush=True)
+            server.serve_forever()
+        except KeyboardInterrupt:
+            print("blockdraft: shutting down", file=sys.stderr, flush=True)
+    return 0
+
+
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -128,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _serve_parser(sub)
     add_training_parsers(sub)
     add_bench_parser(sub)
     _export_parser(sub)
@@ -137,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return {"generate": run_generate, "data": run_data, "train": run_train,
-                "bench": run_bench_command, "export": run_export}[args.command](args)
+                "bench": run_bench_command, "export": run_export, "serve": run_serve}[args.command](args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)
         return 2

@@ -27,6 +27,14 @@ def test_stream_concatenates_to_the_final_text(pipe, seed):
     assert all(deltas)
 
 
+def test_a_closed_stream_stops_generating(pipe):
+    stream = pipe.stream("Once upon a time", max_new_tokens=200, stop_token_ids=[])
+    first = next(stream)
+    stream.close()
+    assert first and list(stream) == [] and stream.output is None
+    stream.close()  # closing twice is harmless
+
+
 def test_stop_strings_cut_the_text(pipe):
     # fixed verify lengths: a sampled run repeats token for token only when its cycles do (the adaptive
     # policy's lengths follow measured timings; its output is the target's distribution, not one realisation)
