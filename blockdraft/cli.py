@@ -158,14 +158,14 @@ def run_serve(args: argparse.Namespace) -> int:
     pipe = _load_pipeline(args)
     try:
         server = BlockdraftServer(pipe, (args.host, args.port), model_id=args.target, max_queue=args.max_queue,
-                                  options=_decoding_options(args))
+                                  options=_decoding_options(args), worker_thread=False)
     except OSError as exc:
         raise BlockdraftError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
     with server:
         try:
             print(f"blockdraft: serving {args.target} at {server.url}/v1 (one request at a time, up to "
                   f"{args.max_queue} queued); Ctrl-C stops", file=sys.stderr, flush=True)
-            server.serve_forever()
+            server.serve_here()  # the model runs on this (the main) thread: see blockdraft.serve.Worker
         except KeyboardInterrupt:
             print("blockdraft: shutting down", file=sys.stderr, flush=True)
     return 0

@@ -214,9 +214,15 @@ class Job:
 
 
 class Worker:
-    """The one thread that drives the Pipeline: runs queued jobs in FIFO order, one at a time."""
+    """The one thread that drives the Pipeline: runs queued jobs in FIFO order, one at a time.
 
-    def __init__(self, pipe: Pipeline, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+    With `thread=True` it starts its own thread; otherwise the caller runs `run()` on a thread of its choice.
+    Prefer the thread that already ran the model (the main one): torch drives a model much slower from a
+    second thread once the first has run it (measured on a 2-core CPU: a 1-token step of the default target
+    44 -> 62-70 ms, generation 34 -> 27 tok/s; each thread gets its own OpenMP team), so `blockdraft serve`
+    runs the worker on the main thread and answers HTTP from the others (`BlockdraftServer.serve_here`)."""
+
+    def __init__(self, pipe: Pipeline, max_queue: int = DEFAULT_MAX_QUEUE, thread: bool = True) -> None:
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise InvalidArgumentError(f"max_queue={max_queue!r}: expected an integer >= 1")
         self.pipe = pipe
@@ -224,8 +230,9 @@ class Worker:
         self.counts: Counter[str] = Counter()  # served, cancelled, failed (500); written by the worker only
         self.current: Job | None = None
         self.closed = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="blockdraft-worker", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self.run, name="blockdraft-worker", daemon=True) if thread else None
+        if self.thread is not None:
+            self.thread.start()
 
     def submit(self, job: Job) -> None:
         """Queue `job`, or answer 503 when the queue is full or the server is stopping."""
@@ -238,7 +245,7 @@ class Worker:
                                 "one (requests run one at a time); retry later") from None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Answer queued jobs 503, end the running one at its next delta, and end the thread."""
+        """Answer queued jobs 503, end the running one at its next delta, and end `run`."""
         self.closed.set()
         with suppress(queue.Empty):
             while True:
@@ -247,9 +254,12 @@ class Worker:
                     job.events.put(("error", ApiError(503, "server is shutting down")))
         with suppress(queue.Full):
             self.jobs.put(None, timeout=timeout)
-        self.thread.join(timeout)
+        if self.thread is not None:
+            self.thread.join(timeout)
 
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """Serve queued jobs until `stop`. A Ctrl-C on this thread ends the running job with a 503 and returns
+        through the KeyboardInterrupt."""
         while (job := self.jobs.get()) is not None:
             if self.closed.is_set():
                 job.events.put(("error", ApiError(503, "server is shutting down")))
@@ -257,6 +267,9 @@ class Worker:
             self.current = job
             try:
                 self._run(job)
+            except BaseException:
+                job.events.put(("error", ApiError(503, "server is shutting down")))
+                raise
             finally:
                 self.current = None
 
@@ -366,7 +379,7 @@ class BlockdraftServer(ThreadingHTTPServer):
 
     def __init__(self, pipe: Pipeline, address: tuple[str, int] = ("127.0.0.1", 8000), *, model_id: str,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None, worker_thread: bool = True) -> None:
         self.options = dict(options or {})
         pipe.stream(prompt="check", max_new_tokens=1, **self.options).close()  # validates without decoding
         if pipe.drafter is not None and not self.options.get("no_draft") \
@@ -374,7 +387,7 @@ class BlockdraftServer(ThreadingHTTPServer):
             pipe.engine.adaptive_policy()  # measure (or load) the verify cost curve now, not in a first request
         self.model_id, self.max_body_bytes = model_id, max_body_bytes
         self.max_tokens = pipe.target.max_positions
-        self.worker = Worker(pipe, max_queue)
+        self.worker = Worker(pipe, max_queue, thread=worker_thread)
         self.started = time.time()
         try:
             super().__init__(address, _Handler)
@@ -386,6 +399,18 @@ class BlockdraftServer(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
+
+    def serve_here(self) -> None:
+        """Answer HTTP from a background thread and run the model on the calling thread (see `Worker`) until
+        `server_close` or a Ctrl-C here; needs `worker_thread=False`."""
+        if self.worker.thread is not None:
+            raise InvalidArgumentError("serve_here runs the worker on this thread: build the server with "
+                                       "worker_thread=False")
+        threading.Thread(target=self.serve_forever, name="blockdraft-http", daemon=True).start()
+        try:
+            self.worker.run()
+        finally:
+            self.shutdown()
 
     def server_close(self) -> None:
         super().server_close()

@@ -1,6 +1,7 @@
 """The OpenAI-compatible server over real HTTP, on tiny random models (port 0, background thread)."""
 from __future__ import annotations
 
+import _thread
 import http.client
 import json
 import socket
@@ -17,7 +18,8 @@ from blockdraft.api import TextStream
 from blockdraft.bench.server import server_sweep
 from blockdraft.cli import main
 from blockdraft.prompts import Prompt
-from blockdraft.serve import BlockdraftServer
+from blockdraft.errors import InvalidArgumentError
+from blockdraft.serve import BlockdraftServer, Worker
 from tests.conftest import tiny_pipeline
 
 HI = [{"role": "user", "content": "hi"}]
@@ -355,19 +357,51 @@ def test_the_bench_load_client_measures_it(server, ref):
 
 
 def test_cli_serve_starts_and_stops(capsys, monkeypatch, tiny_target_dir):
-    serve_forever, seen = BlockdraftServer.serve_forever, {}
+    serve_here, seen = BlockdraftServer.serve_here, {}
 
-    def ctrl_c_after_a_request(self: BlockdraftServer, *_: Any) -> None:
-        threading.Thread(target=serve_forever, args=(self,), daemon=True).start()
-        seen.update(healthy(self))
-        self.shutdown()
+    def record(self: BlockdraftServer) -> None:
+        seen["server"] = self
+        serve_here(self)
+
+    def ctrl_c_after_a_request(worker: Worker) -> None:
+        seen.update(healthy(seen["server"]))
+        seen["main thread"] = threading.current_thread() is threading.main_thread()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(BlockdraftServer, "serve_forever", ctrl_c_after_a_request)
+    monkeypatch.setattr(BlockdraftServer, "serve_here", record)
+    monkeypatch.setattr(Worker, "run", ctrl_c_after_a_request)
     code = main(["serve", "--target", str(tiny_target_dir), "--port", "0", "--max-queue", "3", "--no-draft"])
     _, err = capsys.readouterr()
     assert code == 0 and seen["model"] == str(tiny_target_dir)
+    assert seen["main thread"]  # the model runs on the thread that loaded it (see Worker)
     assert "at http://127.0.0.1:" in err and "up to 3 queued" in err and "shutting down" in err
+
+
+def test_ctrl_c_on_the_worker_thread_ends_the_running_stream_with_a_503():
+    pipe = EndlessPipe()
+    srv = BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny", worker_thread=False)
+    lines: list[bytes] = []
+
+    def client() -> None:
+        conn = open_stream(srv, "/v1/completions", {"prompt": "p", "stream": True})
+        response = conn.getresponse()
+        lines.append(response.readline())
+        wait_for(lambda: pipe.started == 1)
+        _thread.interrupt_main()  # what Ctrl-C does to the main thread
+        lines.extend(response.read().split(b"\n\n"))
+
+    threading.Thread(target=client, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            srv.serve_here()
+    finally:
+        srv.server_close()
+    assert wait_for(lambda: any(b"shutting down" in line for line in lines))
+    assert pipe.closed == 1 and not any(b"finish_reason\": \"" in line for line in lines)
+    threaded = BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny")
+    with pytest.raises(InvalidArgumentError, match="worker_thread=False"):
+        threaded.serve_here()
+    threaded.server_close()
 
 
 @pytest.mark.parametrize("args, message", [
