@@ -219,7 +219,8 @@ class Worker:
     With `thread=True` it starts its own thread; otherwise the caller runs `run()` on a thread of its choice.
     Prefer the thread that already ran the model (the main one): torch drives a model much slower from a
     second thread once the first has run it (measured on a 2-core CPU: a 1-token step of the default target
-    44 -> 62-70 ms, generation 34 -> 27 tok/s; each thread gets its own OpenMP team), so `blockdraft serve`
+    44 -> 62-70 ms, generation 34 -> 27 tok/s; an OpenMP matter: with OMP_WAIT_POLICY=PASSIVE both threads
+    take ~63 ms, so the main thread's fast case is its team spinning between parallel regions), so `blockdraft serve`
     runs the worker on the main thread and answers HTTP from the others (`BlockdraftServer.serve_here`)."""
 
     def __init__(self, pipe: Pipeline, max_queue: int = DEFAULT_MAX_QUEUE, thread: bool = True) -> None:
