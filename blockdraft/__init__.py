@@ -1,13 +1,13 @@
 """blockdraft: DFlash speculative decoding (block-diffusion drafter + lossless verification) for PyTorch."""
 from blockdraft.api import GenerationOutput, Pipeline, TextStream
-from blockdraft.checkpoint import load_drafter, save_drafter
-from blockdraft.config import DrafterConfig, default_target_layer_ids
-from blockdraft.drafter import Drafter
-from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.sampling import SamplingParams
+from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import BlockdraftError
-from blockdraft.sampling import SamplingParams
-from blockdraft.stats import GenerationStats
-from blockdraft.target import TargetModel
+from blockdraft.modeling.checkpoint import load_drafter, save_drafter
+from blockdraft.modeling.config import DrafterConfig, default_target_layer_ids
+from blockdraft.modeling.drafter import Drafter
+from blockdraft.modeling.target import TargetModel
 
 __version__ = "0.1.0"
 __all__ = [

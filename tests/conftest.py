@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.config import DrafterConfig
-from blockdraft.drafter import Drafter
-from blockdraft.target import TargetModel
+from blockdraft.modeling.config import DrafterConfig
+from blockdraft.modeling.drafter import Drafter
+from blockdraft.modeling.target import TargetModel
 
 ARCHS = ("qwen3", "llama", "qwen2")
 

@@ -76,7 +76,7 @@ def test_bad_inputs(pipe):
 
 
 def test_load_from_folders(tiny_target_dir, tmp_path):
-    from blockdraft.checkpoint import save_drafter
+    from blockdraft.modeling.checkpoint import save_drafter
 
     random_pair = Pipeline.load(str(tiny_target_dir), device="cpu")
     assert random_pair.untrained_drafter and random_pair.drafter.config.num_hidden_layers == 1

@@ -1,12 +1,11 @@
 import json
 
+import pytest
 import torch
 
-import pytest
-
-from blockdraft.checkpoint import save_drafter
 from blockdraft.cli import main
-from blockdraft.target import TargetModel
+from blockdraft.modeling.checkpoint import save_drafter
+from blockdraft.modeling.target import TargetModel
 from tests.conftest import tiny_drafter
 
 
@@ -70,7 +69,7 @@ def test_unknown_target(capsys):
 
 
 def test_export_casts_and_keeps_the_published_format(tmp_path):
-    from blockdraft.checkpoint import load_drafter
+    from blockdraft.modeling.checkpoint import load_drafter
     from tests.conftest import tiny_hf_model
 
     src = save_drafter(tiny_drafter(TargetModel(tiny_hf_model("qwen3"))).float(), tmp_path / "src")

@@ -8,21 +8,21 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.batch_engine import BatchEngine
-from blockdraft.engine import DecodeOptions, SpeculativeEngine
-from blockdraft.fast_target import FastTarget
-from blockdraft.sampling import SamplingParams
-from blockdraft.target import TargetModel
+from blockdraft.decoding.batch_engine import BatchEngine
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.sampling import SamplingParams
+from blockdraft.modeling.fast_target import FastTarget
+from blockdraft.modeling.target import TargetModel
 from tests.conftest import tiny_drafter, tiny_hf_model
-from tests.test_engine import PROMPT, VOCAB, chi_square_pvalue, decode, exact_joint, prompts
+from tests.decoding.test_engine import PROMPT, VOCAB, chi_square_pvalue, decode, exact_joint, prompts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_training_logits_flex_equal_sdpa_with_memory_features_on_cuda():
     """GPU training path: features held in GPU memory, compiled flex_attention block masks vs dense SDPA masks."""
-    from blockdraft.train.data import Sequence
     from blockdraft.train.blocks import sample_anchors
+    from blockdraft.train.data import Sequence
     from blockdraft.train.features import MemoryFeatures
     from blockdraft.train.trainer import block_logits
 

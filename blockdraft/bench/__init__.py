@@ -1,1 +1,1 @@
-"""Benchmark harness: metrics, cost accounting and (soon) the side-by-side runner."""
+"""Benchmark harness: prompt sets, the side-by-side runner, metrics, reports and the HTTP load client."""

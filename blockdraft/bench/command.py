@@ -8,7 +8,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from blockdraft.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
+from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="only greedy acceptance per block size, by replaying each first turn's plain greedy output "
                         "through the drafter (no verify forwards; blockdraft.bench.replay); rows: --batch (16)")
     p.add_argument("--compile", nargs="?", const="default", default=None,
-                   help="torch.compile the per-layer blocks of the pair (see blockdraft.compile)")
+                   help="torch.compile the per-layer blocks of the pair (see blockdraft.modeling.compile)")
     add_pack_argument(p)
     add_draft_vocab_argument(p)
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
@@ -97,9 +97,9 @@ def _label(dataset: str) -> str:
 
 def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
     from blockdraft.api import Pipeline
-    from blockdraft.costs import verify_cost_curve
     from blockdraft.bench.report import cost_accounting, plots, summaries
     from blockdraft.bench.runner import BenchSettings, method_names, run_batched, run_bench, run_replay
+    from blockdraft.decoding.costs import verify_cost_curve
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -145,7 +145,7 @@ def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], metho
 
 
 def _server(args: argparse.Namespace, prompts: dict[str, list]) -> dict[str, Any]:
-    from blockdraft.bench.server import server_sweep
+    from blockdraft.bench.load_client import server_sweep
 
     flat = [p for ps in prompts.values() for p in ps]
     kw = dict(model=args.model, max_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -160,7 +160,7 @@ def _write(out: Path, result: dict[str, Any]) -> None:
     from blockdraft.files import atomic_path
 
     if "sweep" in result:
-        from blockdraft.bench.server import server_table
+        from blockdraft.bench.load_client import server_table
 
         table = server_table(result["sweep"], result.get("baseline"))
     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from statistics import mean
 from typing import Sequence
 
-from blockdraft.stats import histogram, per_position_acceptance
+from blockdraft.decoding.stats import histogram, per_position_acceptance
 
 
 def mean_acceptance_length(per_prompt: Sequence[Sequence[int]]) -> float | None:

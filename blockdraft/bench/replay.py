@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.stats import GenerationStats
 
 
 @torch.inference_mode()

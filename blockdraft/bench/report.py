@@ -20,9 +20,15 @@ from typing import Any
 
 import torch
 
-from blockdraft.bench.metrics import (break_even_acceptance, mean_acceptance_length, pooled_histogram,
-                                      pooled_per_position, predicted_speedup, speedup,
-                                      target_tokens_per_committed)
+from blockdraft.bench.metrics import (
+    break_even_acceptance,
+    mean_acceptance_length,
+    pooled_histogram,
+    pooled_per_position,
+    predicted_speedup,
+    speedup,
+    target_tokens_per_committed,
+)
 from blockdraft.bench.runner import Record
 from blockdraft.files import atomic_path
 

@@ -2,14 +2,14 @@
 
 Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
-    dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.adaptive`)
+    dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.decoding.adaptive`)
     dflash-bN[-adaptive]-fullvocab  the same, scoring drafts over the whole vocabulary rather than the drafter's
-                      own draft vocabulary (methods: dflash_fullvocab; `blockdraft.draft_vocab`)
+                      own draft vocabulary (methods: dflash_fullvocab; `blockdraft.modeling.draft_vocab`)
     dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
                       path, on the stock dense layers (methods: dflash_hf): what the fast path buys
     no_draft          plain autoregressive decoding through our engine (the same target forward)
     hf_generate       Hugging Face `generate()` on the same weights (plain decoding, its own KV cache), on the
-                      stock dense layers even when our engine runs prepacked ones (`blockdraft.packing`)
+                      stock dense layers even when our engine runs prepacked ones (`blockdraft.modeling.packing`)
     hf_prompt_lookup  Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`), a drafter-free peer
 
 Prompts run prompt-major (for each prompt, every method in turn) so machine noise hits all methods alike.
@@ -28,15 +28,15 @@ import torch
 from tqdm import tqdm
 
 from blockdraft.api import Pipeline
-from blockdraft.batch_engine import BatchEngine
 from blockdraft.bench.metrics import mean_acceptance_length
 from blockdraft.bench.replay import replay_acceptance
-from blockdraft.engine import VERIFY_MODES, DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.batch_engine import BatchEngine
+from blockdraft.decoding.engine import VERIFY_MODES, DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.sampling import SamplingParams
+from blockdraft.decoding.stats import GenerationStats, now
 from blockdraft.errors import InvalidArgumentError
+from blockdraft.modeling.target import TargetModel
 from blockdraft.prompts import Prompt
-from blockdraft.sampling import SamplingParams
-from blockdraft.stats import GenerationStats, now
-from blockdraft.target import TargetModel
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Record:
     block_size: int = 1
     acceptance_lengths: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
-    sources: list[int] = field(default_factory=list)  # per cycle: 0 drafter, n > 0 looked up (blockdraft.ngram)
+    sources: list[int] = field(default_factory=list)  # per cycle: 0 drafter, n > 0 looked up (blockdraft.decoding.lookup)
     drafter_s: float = 0.0
     target_forwards: int = 0
     token_ids: list[int] = field(default_factory=list)

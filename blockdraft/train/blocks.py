@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from blockdraft.drafter import MaskFn, layer_rule, visibility
+from blockdraft.modeling.drafter import MaskFn, layer_rule, visibility
 
 IGNORE = -100
 

@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from blockdraft.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
+from blockdraft.modeling.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _device_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_target(args: argparse.Namespace, pack: bool | None):
-    from blockdraft.registry import load_target
+    from blockdraft.modeling.registry import load_target
 
     return load_target(args.target, device=args.device, dtype=args.dtype, pack=pack)
 
@@ -139,14 +139,18 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if not args.data or not args.out:
         raise InvalidArgumentError("train needs --data and --out (or --plot RUN)")
-    from blockdraft.checkpoint import load_drafter
-    from blockdraft.registry import mask_token_for
-    from blockdraft.train.features import (CachedFeatures, MemoryFeatures, OnlineFeatures, build_feature_cache,
-                                           cached_layer_ids)
+    from blockdraft.modeling.checkpoint import load_drafter
+    from blockdraft.modeling.registry import mask_token_for
+    from blockdraft.train.features import (
+        CachedFeatures,
+        MemoryFeatures,
+        OnlineFeatures,
+        build_feature_cache,
+        cached_layer_ids,
+    )
     from blockdraft.train.regenerate import encode_prompt
     from blockdraft.train.shards import read_split
-    from blockdraft.train.trainer import (TrainConfig, Trainer, _checkpoints, new_drafter,
-                                          world_from_env)
+    from blockdraft.train.trainer import TrainConfig, Trainer, _checkpoints, new_drafter, world_from_env
 
     started = time.perf_counter()
     world_from_env()

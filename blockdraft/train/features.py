@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.data import Sequence
 from blockdraft.train.distill import TeacherTopK, teacher_topk
 

@@ -13,9 +13,9 @@ import logging
 
 import torch
 
-from blockdraft.drafter import Drafter
 from blockdraft.errors import IncompatibleModelsError
-from blockdraft.target import TargetModel
+from blockdraft.modeling.drafter import Drafter
+from blockdraft.modeling.target import TargetModel
 
 log = logging.getLogger(__name__)
 

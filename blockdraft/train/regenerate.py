@@ -16,13 +16,13 @@ from typing import Any, Iterator
 import torch
 from tqdm import tqdm
 
-from blockdraft.batch_decode import decode_many
+from blockdraft.decoding.batch_decode import decode_many
+from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.fast_target import FastTarget, supports_fast_path
 from blockdraft.files import atomic_path
+from blockdraft.modeling.fast_target import FastTarget, supports_fast_path
+from blockdraft.modeling.target import TargetModel
 from blockdraft.prompts import Prompt, is_held_out
-from blockdraft.sampling import SamplingParams
-from blockdraft.target import TargetModel
 from blockdraft.train.shards import ShardWriter, read_split
 
 log = logging.getLogger(__name__)

@@ -28,14 +28,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from blockdraft.checkpoint import load_drafter, save_drafter
-from blockdraft.config import DrafterConfig
-from blockdraft.drafter import Drafter, MaskFn
-from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_dir
-from blockdraft.stats import GenerationStats
-from blockdraft.target import TargetModel
+from blockdraft.modeling.checkpoint import load_drafter, save_drafter
+from blockdraft.modeling.config import DrafterConfig
+from blockdraft.modeling.drafter import Drafter, MaskFn
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, sample_anchors
 from blockdraft.train.data import Sequence
 from blockdraft.train.distill import block_soft_targets

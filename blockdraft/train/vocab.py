@@ -6,7 +6,7 @@ that appear as labels in the training data, plus `negatives` others drawn afresh
 (seed, step), so a resumed run draws the same ones), which keeps the rest of the vocabulary pushed down.
 Labels outside the sub-vocabulary are dropped from the loss; target labels (`--labels target`), which are
 known only once the target has run, join the rows of their step. The drafter itself is unchanged: at
-inference it scores the whole vocabulary, or its own draft vocabulary (`blockdraft.draft_vocab`), and the
+inference it scores the whole vocabulary, or its own draft vocabulary (`blockdraft.modeling.draft_vocab`), and the
 engine's acceptance measures the result.
 """
 from __future__ import annotations

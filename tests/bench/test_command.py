@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from blockdraft.checkpoint import save_drafter
 from blockdraft.cli import main
-from blockdraft.target import TargetModel
+from blockdraft.modeling.checkpoint import save_drafter
+from blockdraft.modeling.target import TargetModel
 from tests.conftest import tiny_drafter
 
 

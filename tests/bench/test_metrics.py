@@ -1,8 +1,14 @@
 import pytest
 
-from blockdraft.bench.metrics import (break_even_acceptance, mean_acceptance_length, pooled_histogram,
-                                      pooled_per_position, predicted_speedup, speedup,
-                                      target_tokens_per_committed)
+from blockdraft.bench.metrics import (
+    break_even_acceptance,
+    mean_acceptance_length,
+    pooled_histogram,
+    pooled_per_position,
+    predicted_speedup,
+    speedup,
+    target_tokens_per_committed,
+)
 
 
 def test_acceptance_is_averaged_per_prompt_then_over_prompts():

@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from blockdraft.bench.replay import replay_acceptance
-from blockdraft.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.sampling import SamplingParams
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from tests.conftest import tiny_drafter_config, tiny_hf_model
-from tests.test_engine import PlantedDrafter, decode, hf_greedy, prompts
+from tests.decoding.test_engine import PlantedDrafter, decode, hf_greedy, prompts
 
 
 @pytest.mark.parametrize("error_rate", [0.0, 0.3, 0.7])

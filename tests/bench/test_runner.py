@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
-from blockdraft.adaptive import AdaptiveVerify
-from blockdraft.bench.report import cost_accounting, markdown, plots, summaries, summarize
 from blockdraft.api import Pipeline
+from blockdraft.bench.report import cost_accounting, markdown, plots, summaries, summarize
 from blockdraft.bench.runner import BenchSettings, Record, _engine, method_names, run_batched, run_bench
+from blockdraft.decoding.adaptive import AdaptiveVerify
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
 from tests.conftest import tiny_pipeline

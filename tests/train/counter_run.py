@@ -8,7 +8,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.features import OnlineFeatures
 from blockdraft.train.trainer import TrainConfig, Trainer, new_drafter, world_from_env
 from tests.train.test_trainer import MOD, sequences

@@ -1,8 +1,8 @@
 import json
 
 from blockdraft.api import Pipeline
-from blockdraft.checkpoint import load_drafter
 from blockdraft.cli import main
+from blockdraft.modeling.checkpoint import load_drafter
 from blockdraft.train.shards import ShardWriter
 
 

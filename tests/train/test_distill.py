@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.blocks import IGNORE
 from blockdraft.train.data import Sequence
 from blockdraft.train.distill import TeacherTopK, block_soft_targets, soft_log_likelihood, teacher_topk

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from blockdraft.drafter import DraftCache
-from blockdraft.target import TargetModel
+from blockdraft.modeling.drafter import DraftCache
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import OnlineFeatures
 from blockdraft.train.trainer import block_logits

@@ -2,11 +2,17 @@ import pytest
 import torch
 
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.target import TargetModel
+from blockdraft.modeling.fast_target import FastTarget
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.data import Sequence
-from blockdraft.fast_target import FastTarget
-from blockdraft.train.features import (CachedFeatures, MemoryFeatures, OnlineFeatures, build_feature_cache,
-                                      cached_layer_ids, feature_bytes)
+from blockdraft.train.features import (
+    CachedFeatures,
+    MemoryFeatures,
+    OnlineFeatures,
+    build_feature_cache,
+    cached_layer_ids,
+    feature_bytes,
+)
 from tests.conftest import tiny_hf_model
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.trainer import new_drafter
 from tests.conftest import tiny_hf_model
 

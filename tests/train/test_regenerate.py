@@ -1,8 +1,8 @@
 import pytest
 
 from blockdraft.errors import InvalidArgumentError
+from blockdraft.modeling.target import TargetModel
 from blockdraft.prompts import Prompt
-from blockdraft.target import TargetModel
 from blockdraft.train.regenerate import RegenSettings, regenerate, responses, stop_ids
 from blockdraft.train.shards import read_split, shard_paths
 from tests.conftest import tiny_hf_model, tiny_tokenizer

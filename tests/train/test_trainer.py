@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import OnlineFeatures
 from blockdraft.train.trainer import TrainConfig, Trainer, engine_acceptance, lr_at, new_drafter

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.target import TargetModel
+from blockdraft.modeling.target import TargetModel
 from blockdraft.train.blocks import IGNORE, sample_anchors
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import OnlineFeatures

@@ -1,0 +1,318 @@
+"""Adaptive verify length: each cycle, verify the draft prefix that maximises committed tokens per second.
+
+On a CPU a verify forward of q tokens costs c(q), which grows with q (OFFLINE.md: c(16) ~ 2.5-4 c(1)),
+so verifying the whole block wastes work when later drafts are unlikely to be accepted. With
+a_k = estimated probability that draft k is accepted given drafts 1..k-1 were,
+
+    E[committed | verify n] = 1 + sum_{k<=n} prod_{j<=k} a_j,     rate(n) = E[...] / (c(n + 1) + d)
+
+(d = the drafter forward), and n = the shortest length within `tolerance` (1%) of the best rate over 0..N
+(drafts that add less than the cost curve's own timing noise are not worth verifying). a_k comes from the
+drafter's own confidence (the largest probability of its distribution at slot k) through a calibration
+table learned online from what the target actually accepted (Beta-smoothed counts per confidence bin).
+
+Before drafting, the same rate with a_k = the recent acceptance rate of slot k (decayed counts over past
+cycles) decides how many slots to draft at all: the drafter's cost is only worth paying for slots that may
+be verified, and when no draft length beats plain decoding (1 / c(1)) the cycle decodes plainly, drafting
+only every `probe_every` cycles (a few slots; in a batch one slot of one row, since the whole batch's
+verify is padded to its longest row) to keep learning; the interval doubles, up to 4x, while probes do not
+pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain decoding time
+(in a batch of 8 on a 2-core CPU a probe costs ~40% of a step, so ~40 cycles apart). In a batch the verify
+forward is compute-bound sooner, so the costs are those of the whole batch's forward per row: a curve
+measured at that batch size when one is given (`set_batch_cost`; `BatchEngine` measures it once per device
+and batch size), else interpolated linearly in the rows between the nearest known sizes, else extrapolated
+from the single-row curve by total tokens (which underestimates a batch's cost by 10-25% on a 2-core CPU).
+
+The curve is measured once per device and cached, at one context length; every verify forward is then
+compared with it and the policy corrects it online (`observe`, `CostDrift`), so a curve measured under
+another job's load, or a request whose context makes attention dearer, does not keep mispricing the lengths.
+
+Lossless by construction: n is a function of the drafter's distributions and of past cycles only, never of
+the sampled draft tokens, so speculative sampling over the first n drafts is exact for any such n (choosing
+n from the drawn tokens would bias sampling); at T = 0 any n gives the same greedy output.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from blockdraft.errors import InvalidArgumentError
+
+PROBE_DRAFTS = 4  # a probe drafts this many slots when decoding alone
+BATCH_PROBE_DRAFTS = 1  # and this many in a batch, where every row's verify is padded to the longest row
+# In a batch, speculation must beat plain decoding by this much: the rates leave out what a speculative row
+# costs besides the forwards (its bookkeeping, the padding of rows that verify less; measured: 2-4% at 8
+# rows on a 2-core CPU), which one row alone never notices next to its own gains.
+BATCH_MARGIN = 0.05
+
+
+class AdaptiveVerify:
+    def __init__(self, cost: dict[int, float], bins: int = 10, prior: tuple[float, float] = (1.0, 1.0),
+                 momentum: float = 0.9, probe_every: int = 8, decay: float = 0.98, tolerance: float = 0.01,
+                 probe_budget: float = 0.01, learn_costs: bool = True) -> None:
+        if not probe_budget > 0:
+            raise InvalidArgumentError(f"probe_budget={probe_budget}: expected a fraction of the decoding time > 0")
+        self.cost = _curve(cost)  # cost[q-1] = c(q), one row
+        self.batch_cost: dict[int, torch.Tensor] = {}  # rows -> measured curve of that batch size
+        self._per_row: dict[int, torch.Tensor] = {}  # rows -> `_row_costs`
+        self._plan: dict[int, tuple[list[float], float, float]] = {}  # rows -> `_slot_plan`, until `update`
+        self.bins = bins
+        self.accepted = torch.full((bins,), prior[0], dtype=torch.float64)
+        self.tested = torch.full((bins,), prior[0] + prior[1], dtype=torch.float64)
+        n = self.max_drafts
+        self.slot_passed = torch.full((n,), prior[0], dtype=torch.float64)  # decayed per-slot history
+        self.slot_tested = torch.full((n,), prior[0] + prior[1], dtype=torch.float64)
+        self.prior, self.decay, self.tolerance = prior, decay, tolerance
+        self.momentum, self.probe_every, self.probe_budget = momentum, probe_every, probe_budget
+        self.drafter_s = 0.0
+        self.skipped, self.interval = 0, probe_every
+        # looked-up drafts (blockdraft.decoding.lookup): per match length, how often a draft passed once tested
+        self.ngram_passed: dict[int, float] = {}
+        self.ngram_tested: dict[int, float] = {}
+        self.drift: dict[int, CostDrift] = {}  # rows -> what the verify forwards really took, vs the curve
+        self.learn_costs = learn_costs  # False: trust `cost` as given (`observe` does nothing)
+
+    @property
+    def max_drafts(self) -> int:
+        return self.cost.numel() - 1
+
+    def rates(self, confidence: torch.Tensor) -> torch.Tensor:
+        """(N,) estimated acceptance probability of each draft given the earlier ones were accepted."""
+        b = (confidence.double().clamp(0, 1) * self.bins).long().clamp_max(self.bins - 1).cpu()
+        return self.accepted[b] / self.tested[b]
+
+    def _rate(self, accept: torch.Tensor, rows: int = 1) -> torch.Tensor:
+        """(N + 1,) expected committed tokens per second per row, verifying n = 0..N drafts of acceptance
+        `accept` (N,), with `rows` rows sharing the verify forward (each pays c(rows (n + 1)) / rows + d)."""
+        n_max = min(accept.numel(), self.max_drafts)
+        reach = torch.cumprod(accept[:n_max], 0)
+        committed = 1 + torch.cat([reach.new_zeros(1), torch.cumsum(reach, 0)])
+        return committed / (self._row_costs(rows)[: n_max + 1] + self.drafter_s)
+
+    def _row_costs(self, rows: int) -> torch.Tensor:
+        """(N + 1,) each row's share of a verify of n = 0..N drafts with `rows` rows (cached per batch size)."""
+        if rows not in self._per_row:
+            self._per_row[rows] = torch.tensor([self.forward_cost(rows, n + 1) / rows
+                                                for n in range(self.max_drafts + 1)], dtype=torch.float64)
+        return self._per_row[rows]
+
+    def expected_rate(self, confidence: torch.Tensor, rows: int = 1) -> torch.Tensor:
+        """(N + 1,) expected committed tokens per second per row when verifying n = 0..N drafts of this block
+        (`rows` rows sharing the verify forward)."""
+        return self._rate(self.rates(confidence), rows)
+
+    def choose(self, confidence: torch.Tensor, rows: int = 1) -> int:
+        """How many of the drafts (confidence (N,) = the drafter's max probability per slot) to verify."""
+        return self._shortest_near_best(self.expected_rate(confidence, rows).tolist())
+
+    def _shortest_near_best(self, rate: list[float]) -> int:
+        """The first index whose rate is within `tolerance` of the largest (plain Python: every row of a batch
+        asks every cycle, and a handful of floats is cheaper here than a chain of small tensor ops)."""
+        floor = max(rate) * (1 - self.tolerance)
+        return next(i for i, r in enumerate(rate) if r >= floor)
+
+    def set_batch_cost(self, rows: int, cost: dict[int, float]) -> None:
+        """Use `cost` (seconds of a forward of q tokens in each of `rows` rows, q = 1..) for batches of `rows`."""
+        if not isinstance(rows, int) or rows < 2:
+            raise InvalidArgumentError(f"rows={rows!r}: a batch cost curve is for 2 or more rows")
+        self.batch_cost[rows] = _curve(cost)
+        self._per_row.clear()
+        self._plan.clear()
+
+    def cost_of(self, tokens: int) -> float:
+        """c(tokens) of one row, extrapolated past the measured range (see `_at`)."""
+        return _at(self.cost, tokens)
+
+    def forward_cost(self, rows: int, q: int) -> float:
+        """Seconds of a verify forward of q tokens in each of `rows` rows: the measured curve, corrected by
+        what the forwards of this batch size actually took (`observe`)."""
+        drift = self.drift.get(rows)
+        return self._curve_cost(rows, q) * (1.0 if drift is None else drift.factor(q))
+
+    def observe(self, q: int, seconds: float, rows: int = 1) -> None:
+        """Learn from a verify forward of q tokens per row (`rows` rows) that took `seconds`.
+
+        The curve is measured once, at one context length, and cached; the machine's load, the context the
+        requests really have, or a measurement disturbed by another job can make it wrong, and wrong in shape
+        (c(4) / c(1) measured 1.47 under a neighbour's load, 1.19 alone). So every forward is compared with
+        it, and the log of the ratio is learned per size and smoothed across neighbouring sizes (`CostDrift`),
+        so the correction also reaches lengths next to the ones the policy chooses (the curve may price them
+        too high for the policy ever to try them)."""
+        if not (self.learn_costs and q >= 1 and seconds > 0):
+            return
+        drift = self.drift.setdefault(rows, CostDrift(self.max_drafts + 1))
+        if drift.add(q, seconds / self._curve_cost(rows, q)):
+            self._per_row.pop(rows, None)
+            self._plan.pop(rows, None)
+
+    def _curve_cost(self, rows: int, q: int) -> float:
+        if rows == 1 or not self.batch_cost:
+            return self.cost_of(rows * q)
+        if rows in self.batch_cost:
+            return _at(self.batch_cost[rows], q)
+        # linear in the rows between the nearest known sizes (one row counts), past the largest along the
+        # line through the two largest
+        known = [1, *sorted(self.batch_cost)]
+        above = next((r for r in known if r > rows), known[-1])
+        below = max(r for r in known if r < above)
+        lo, hi = (self.cost_of(q) if r == 1 else _at(self.batch_cost[r], q) for r in (below, above))
+        return lo + (hi - lo) * (rows - below) / (above - below)
+
+    def draft_length(self, limit: int, rows: int = 1) -> int:
+        """How many slots (<= limit) to draft this cycle, from the recent acceptance of each slot; 0 = decode
+        plainly. Per row, with `rows` rows in the verify forward: drafting n costs c(rows (n + 1)) / rows + d,
+        a plain step c(rows) / rows (a batch's plain step is already compute-bound, drafts are not free)."""
+        if limit <= 0:
+            return 0
+        history, plain, spacing = self._slot_plan(rows)
+        history = history[:limit]  # n = 1..limit
+        best = self._shortest_near_best(history) + 1
+        if history[best - 1] >= self._bar(plain, rows):  # beats a plain step
+            self.skipped, self.interval = 0, self.probe_every
+            return best
+        self.skipped += 1 / rows  # counted in cycles: every row of a batch asks once per cycle
+        if self.skipped >= max(self.interval, spacing):
+            # a probe: draft a few slots, and wait longer before the next one
+            self.skipped, self.interval = 0, min(2 * self.interval, 4 * self.probe_every)
+            return min(limit, self._probe_drafts(rows))
+        return 0
+
+    def _slot_plan(self, rows: int) -> tuple[list[float], float, float]:
+        """For `rows` rows, from the slot history: the rate of drafting n = 1..N, a plain step's rate and the
+        probe spacing. The same for every row of a cycle, so computed once until the next `update`."""
+        if rows not in self._plan:
+            history = self._rate(self.slot_passed / self.slot_tested, rows)[1:].tolist()
+            self._plan[rows] = (history, rows / self.forward_cost(rows, 1),
+                                self._probe_spacing(rows))
+        return self._plan[rows]
+
+    @staticmethod
+    def _probe_drafts(rows: int) -> int:
+        return PROBE_DRAFTS if rows == 1 else BATCH_PROBE_DRAFTS
+
+    def _probe_spacing(self, rows: int) -> float:
+        """Fewest plain cycles between probes for them to cost at most `probe_budget` of the decoding time:
+        a probe pays the drafter and a verify of 1 + its drafts tokens per row instead of 1."""
+        plain = self.forward_cost(rows, 1)
+        extra = self.forward_cost(rows, 1 + self._probe_drafts(rows)) - plain + self.drafter_s
+        return max(0.0, extra) / (self.probe_budget * plain)
+
+    def ngram_rate(self, match: int) -> float:
+        """Estimated probability that a looked-up draft after a `match`-token match passes, given the earlier
+        ones did (Beta-smoothed counts)."""
+        return self.ngram_passed.get(match, self.prior[0]) / self.ngram_tested.get(match, sum(self.prior))
+
+    def ngram_length(self, match: int, limit: int, rows: int = 1) -> int:
+        """How many of `limit` looked-up drafts (after a `match`-token match) to verify; 0 when drafting with
+        the drafter, or decoding plainly, is expected to commit more per second. A lookup costs no drafter
+        forward, so its rate is committed tokens over the verify alone. In a batch of `rows` it is priced as
+        the one row that widens the verify: the whole batch's forward grows to k + 1 tokens per row while the
+        other rows still commit one token each (rates are the batch's tokens per second, as in `_slot_plan`)."""
+        if limit <= 0:
+            return 0
+        r, reach, committed, rate = self.ngram_rate(match), 1.0, 1.0, []
+        costs = self._batch_costs(rows)
+        for k in range(1, min(limit, self.max_drafts) + 1):
+            reach *= r
+            committed += reach
+            rate.append((rows - 1 + committed) / costs[k])
+        history, plain, _ = self._slot_plan(rows)
+        k = self._shortest_near_best(rate) + 1
+        return k if rate[k - 1] > max(self._bar(plain, rows), max(history[:limit])) else 0
+
+    @staticmethod
+    def _bar(plain: float, rows: int) -> float:
+        """The rate speculation must reach: a plain step's, raised by BATCH_MARGIN in a batch."""
+        return plain if rows == 1 else plain * (1 + BATCH_MARGIN)
+
+    def _batch_costs(self, rows: int) -> list[float]:
+        """[n] = seconds of the whole batch's verify of n + 1 tokens per row (n = 0..N), as a list."""
+        return [c * rows for c in self._row_costs(rows).tolist()]
+
+    def update_ngram(self, match: int, verified: int, accepted: int) -> None:
+        """Learn from a cycle that verified `verified` looked-up drafts after a `match`-token match."""
+        if verified:
+            self.ngram_tested[match] = self.ngram_tested.get(match, sum(self.prior)) + min(accepted + 1, verified)
+            self.ngram_passed[match] = self.ngram_passed.get(match, self.prior[0]) + accepted
+
+    def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:
+        """Learn from one speculative cycle: drafts 1..verified were tested in order, `accepted` passed."""
+        m = self.momentum
+        self._plan.clear()
+        self.drafter_s = drafter_s if self.drafter_s == 0.0 else m * self.drafter_s + (1 - m) * drafter_s
+        if not verified:
+            return
+        tested = min(accepted + 1, verified)  # draft k is tested only if 1..k-1 were accepted
+        b = (confidence[:tested].double().clamp(0, 1) * self.bins).long().clamp_max(self.bins - 1).cpu()
+        ones = torch.ones(tested, dtype=torch.float64)
+        hits = ones.clone()
+        hits[accepted:] = 0
+        self.tested.index_add_(0, b, ones)
+        self.accepted.index_add_(0, b, hits)
+        # slot history: decay towards the prior, then count this cycle's tested slots
+        for counts, base in ((self.slot_passed, self.prior[0]), (self.slot_tested, sum(self.prior))):
+            counts.mul_(self.decay).add_((1 - self.decay) * base)
+        self.slot_tested[:tested] += ones
+        self.slot_passed[:tested] += hits
+
+
+class CostDrift:
+    """log(observed / curve) of the verify forwards per verify size q, filled in across neighbouring sizes.
+
+    Each size keeps decayed sums of its forwards' log ratios (each forward counts `decay` less per later
+    one, so ~1 / (1 - decay) are remembered). The correction at q is the mean of q's own forwards, plus its
+    neighbours' means weighted by a Gaussian in the distance |q - j| (`width` sizes) and by their counts up
+    to `prior`, shrunk towards 0 (the curve is right) as if `prior` forwards had agreed with the curve: a
+    size observed often gets its own ratio, its unobserved neighbours part of theirs, distant sizes keep the
+    measured curve. Refitted every `refit_every` forwards; the factor stays within [1 / limit, limit]."""
+
+    def __init__(self, sizes: int, decay: float = 0.99, prior: float = 2.0, width: float = 2.0,
+                 refit_every: int = 8, limit: float = 2.0) -> None:
+        self.decay, self.prior, self.refit_every = decay, prior, refit_every
+        self.log_limit = math.log(limit)
+        self.kernel = [[math.exp(-0.5 * ((q - j) / width) ** 2) for j in range(sizes)] for q in range(sizes)]
+        self.weight, self.total = [0.0] * sizes, [0.0] * sizes  # per size: decayed count, sum of log ratios
+        self.log_factor = [0.0] * sizes
+        self.seen = 0
+
+    def add(self, q: int, ratio: float) -> bool:
+        """Count one forward of q tokens (`ratio` = its seconds over the curve's); True when the fit changed."""
+        i = min(q, len(self.weight)) - 1
+        d = self.decay
+        self.weight = [w * d for w in self.weight]
+        self.total = [t * d for t in self.total]
+        self.weight[i] += 1.0
+        self.total[i] += max(-self.log_limit, min(self.log_limit, math.log(ratio)))
+        self.seen += 1
+        if self.seen % self.refit_every:
+            return False
+        # a neighbour counts at most `prior` forwards: it fills in a size with little evidence of its own,
+        # but does not pull a well-observed size off its own mean
+        capped = [(min(w, self.prior), t / w if w else 0.0) for w, t in zip(self.weight, self.total)]
+        self.log_factor = [
+            (self.total[q] + sum(k * c * m for j, (k, (c, m)) in enumerate(zip(row, capped)) if j != q))
+            / (self.prior + self.weight[q] + sum(k * c for j, (k, (c, _)) in enumerate(zip(row, capped)) if j != q))
+            for q, row in enumerate(self.kernel)]
+        return True
+
+    def factor(self, q: int) -> float:
+        return math.exp(self.log_factor[min(q, len(self.log_factor)) - 1])
+
+
+def _curve(cost: dict[int, float]) -> torch.Tensor:
+    """{q: seconds} for q = 1..B -> tensor (B,) with [q - 1] = c(q)."""
+    if sorted(cost) != list(range(1, len(cost) + 1)) or any(c <= 0 for c in cost.values()):
+        raise InvalidArgumentError(f"cost curve {cost}: expected positive seconds for q = 1..B")
+    return torch.tensor([cost[q] for q in sorted(cost)], dtype=torch.float64)
+
+
+def _at(curve: torch.Tensor, q: int) -> float:
+    """curve[q - 1], extrapolated linearly past the measured range from the curve's upper half (large
+    verifies are compute-bound, so their cost grows linearly with the tokens)."""
+    q_max = curve.numel()
+    if q <= q_max:
+        return float(curve[q - 1])
+    half = max(1, q_max // 2)
+    slope = max(0.0, float(curve[-1] - curve[half - 1]) / max(1, q_max - half))
+    return float(curve[-1]) + (q - q_max) * slope

@@ -1,0 +1,362 @@
+"""The DFlash decode loop: prefill, then per cycle one draft forward and one target verify forward.
+
+    prefill target on the prompt (capturing features); first token from its logits
+    loop: block = [last token, MASK x n] -> drafter (one forward) -> n drafts
+          target verifies [last token, drafts] (one forward) -> accept a drafts + 1 bonus token
+          roll the target cache back to the committed length; only committed tokens' features go on
+          to the drafter's context cache.
+`no_draft` runs plain autoregressive decoding through the same target: the baseline for comparisons.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from blockdraft.decoding.acceptance import greedy_verify, one_hot, speculative_verify
+from blockdraft.decoding.adaptive import AdaptiveVerify
+from blockdraft.decoding.costs import cached_cost_curve
+from blockdraft.decoding.lookup import NgramIndex
+from blockdraft.decoding.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
+from blockdraft.decoding.stats import GenerationStats, now
+from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
+from blockdraft.modeling.draft_vocab import draft_head
+from blockdraft.modeling.drafter import DraftCache, Drafter
+from blockdraft.modeling.fast_target import FastTarget
+from blockdraft.modeling.target import TargetModel
+
+VERIFY_MODES = ("fixed", "adaptive")
+
+
+@dataclass
+class DecodeState:
+    """The decoding state of one request."""
+
+    prompt: list[int]
+    options: "DecodeOptions"
+    stats: GenerationStats
+    block: int                              # run-time block size (1: plain decoding)
+    gen: torch.Generator | None
+    draft_cache: DraftCache | None
+    policy: AdaptiveVerify | None
+    token: int = -1                         # last committed token (not yet in the target cache)
+    start: int = 0                          # its position = tokens in the target cache
+    remaining: int = 0
+    # features the draft cache has not seen yet, in (1, c, K*D) chunks: joined once, when the request next
+    # drafts (appending to one tensor would copy it every cycle while an adaptive policy decodes plainly)
+    pending: list[torch.Tensor] = field(default_factory=list)
+    ngram: NgramIndex | None = None         # the committed tokens, for looked-up drafts (options.ngram)
+    done: bool = False
+
+    @property
+    def speculative(self) -> bool:
+        return self.block > 1
+
+
+@dataclass
+class Proposal:
+    drafts: torch.Tensor                    # (n,) drafts to verify
+    q: torch.Tensor | None                  # (n, V) their distributions (None at T = 0)
+    confidence: torch.Tensor | None         # (N,) drafter confidence of every drafted slot
+    drafter_s: float                        # this cycle's drafting, without the context projection (see below)
+    source: int = 0                         # 0: the drafter; n > 0: looked up after an n-token match
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_new_tokens: int = 256
+    block_size: int | None = None  # None: the drafter's trained block size
+    no_draft: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    verify: str = "fixed"  # "fixed": verify every draft of the block; "adaptive": see blockdraft.decoding.adaptive
+    ngram: bool = False  # also draft by looking the context up (blockdraft.decoding.lookup) when that should commit more
+
+    def __post_init__(self) -> None:
+        if self.verify not in VERIFY_MODES:
+            raise InvalidArgumentError(f"verify={self.verify!r}: expected one of {VERIFY_MODES}")
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise InvalidArgumentError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
+        if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):
+            raise InvalidArgumentError(f"block_size={self.block_size!r}: expected an integer >= 1")
+
+
+def check_pair(target: TargetModel, drafter: Drafter) -> None:
+    """Raise IncompatibleModelsError unless `drafter` was built for a target shaped like `target`."""
+    cfg = drafter.config
+    if cfg.hidden_size != target.hidden_size:
+        raise IncompatibleModelsError(
+            f"drafter hidden_size={cfg.hidden_size} but target hidden_size={target.hidden_size}: not a pair")
+    if cfg.num_target_layers != target.num_layers:
+        raise IncompatibleModelsError(
+            f"drafter was built for a {cfg.num_target_layers}-layer target, this target has {target.num_layers}")
+    if cfg.mask_token_id >= target.vocab_size:
+        raise IncompatibleModelsError(
+            f"drafter mask_token_id={cfg.mask_token_id} is outside the target vocabulary [0, {target.vocab_size})")
+
+
+class SpeculativeEngine:
+    """Runs a target (and optionally a drafter) over token ids. Text handling lives in `api`."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None,
+                 policy: AdaptiveVerify | None = None, draft_window: int | None = None,
+                 draft_vocab: bool = True) -> None:
+        if draft_window is not None and (not isinstance(draft_window, int) or draft_window < 1):
+            raise InvalidArgumentError(f"draft_window={draft_window!r}: expected an integer >= 1 or None")
+        self.target = target
+        self.drafter = drafter
+        self.draft_window = draft_window  # keep only this many context tokens in each draft cache
+        self.policy = policy  # learned across calls; built from the measured cost curve on first use
+        # the LM head the drafts are scored with: the target's, or the rows of the drafter's own vocabulary
+        self.draft_head, self.draft_ids = target.lm_head, None
+        # columns of the target's logits (its LM head's rows; models may pad them past the embedding's)
+        self.output_size = getattr(target.lm_head, "out_features", target.vocab_size)
+        self._nothing = torch.empty(0, dtype=torch.long, device=target.device)  # the drafts of a plain step
+        if drafter is not None:
+            check_pair(target, drafter)
+            target.set_feature_layers(drafter.config.target_layer_ids)
+            if draft_vocab and drafter.draft_vocab is not None:
+                self.draft_head = draft_head(target.lm_head, drafter.draft_vocab, target.vocab_size)
+                self.draft_ids = drafter.draft_vocab.to(target.device)
+
+    def block_size(self, options: DecodeOptions) -> int:
+        if self.drafter is None or options.no_draft:
+            return 1
+        trained = self.drafter.config.block_size
+        size = options.block_size or trained
+        if size > trained:
+            raise InvalidArgumentError(f"block_size={size}: expected at most the drafter's trained size {trained}")
+        return size
+
+    @torch.inference_mode()
+    def decode(self, prompt_ids: list[int], options: DecodeOptions, stats: GenerationStats) -> Iterator[list[int]]:
+        """Yield the tokens committed by each step (prefill first). Stops at a stop token or the limit."""
+        seq = self.begin(prompt_ids, options, stats)
+        cache = self.target.new_cache()
+        yield self.prefill(seq, cache)
+        while not seq.done:
+            t0 = now(self.target.device)
+            prop = self.propose(seq)
+            ids = torch.cat([torch.tensor([seq.token], device=self.target.device), prop.drafts])[None]
+            t1 = now(self.target.device)
+            logits, feats = self.target.forward(ids, cache, seq.start, features=seq.speculative)
+            if seq.policy is not None:
+                seq.policy.observe(ids.shape[1], now(self.target.device) - t1)
+            committed = self.settle(seq, prop, logits[0], None if feats is None else feats[0])
+            self.target.rollback(cache, seq.start)
+            seq.stats.decode_time += now(self.target.device) - t0
+            yield committed
+
+    # ------------------------------------------------------------------ the steps (shared with batch_engine)
+    def begin(self, prompt_ids: list[int], options: DecodeOptions, stats: GenerationStats) -> DecodeState:
+        """Validate a request and set up its decoding state."""
+        self._check_prompt(prompt_ids)
+        block = self.block_size(options)
+        params = options.sampling
+        speculative = block > 1
+        stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
+        return DecodeState(
+            prompt=list(prompt_ids), options=options, stats=stats, block=block,
+            gen=None if params.greedy else new_generator(params.seed, self.target.device),
+            draft_cache=DraftCache(self.drafter.config.num_hidden_layers, self.draft_window) if speculative else None,
+            policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None,
+            ngram=NgramIndex(prompt_ids) if speculative and options.ngram else None)
+
+    def prefill(self, seq: DecodeState, cache: object, row: int | None = None) -> list[int]:
+        """Run the prompt (into cache row `row` on the fast path); returns [first token]."""
+        t0 = now(self.target.device)
+        ids = torch.tensor([seq.prompt], device=self.target.device)
+        kw = {} if row is None else {"rows": [row]}
+        logits, feats = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
+        seq.pending = [] if feats is None else [feats]
+        seq.token = self._choose(logits[0, -1], seq.options.sampling, seq.gen)
+        if seq.ngram is not None:
+            seq.ngram.extend([seq.token])
+        seq.start, seq.remaining = len(seq.prompt), seq.options.max_new_tokens - 1
+        seq.stats.target_forwards += 1
+        seq.stats.prefill_time = now(self.target.device) - t0
+        seq.stats.new_tokens = 1
+        seq.done = not self._continues(seq)
+        return [seq.token]
+
+    def propose(self, seq: DecodeState, rows: int = 1) -> Proposal:
+        """Draft after the last committed token; with an adaptive policy keep only the prefix that pays
+        (`rows`: how many rows share the verify forward, which changes what drafting costs)."""
+        return self.propose_many([seq], rows)[0]
+
+    def propose_many(self, seqs: list[DecodeState], rows: int | None = None) -> list[Proposal]:
+        """`propose` for several requests: each runs its own drafter layers, and the drafted slots of all of
+        them go through the LM head in one matmul (the head is most of a drafter call's weight traffic)."""
+        rows = len(seqs) if rows is None else rows
+        looked = [self._lookup(s, rows) for s in seqs]
+        lengths = [0 if p is not None else self._draft_length(s, rows) for s, p in zip(seqs, looked)]
+        before = [s.stats.drafter_time for s in seqs]
+        drafting = [(s, n) for s, n in zip(seqs, lengths) if n > 0]
+        if not drafting:
+            return [p or self._no_draft() for p in looked]
+        t0 = now(self.target.device)
+        hidden, context_s = self._draft_hidden(drafting)
+        layers_s = now(self.target.device) - t0
+        logits = iter(self.drafter.logits(torch.cat(hidden), self.draft_head).split([n for _, n in drafting]))
+        share = (now(self.target.device) - t0 - layers_s) / len(drafting)  # the head's time, split evenly
+        return [p or (self._proposal(s, next(logits), share, spent, rows, context_s) if n > 0 else self._no_draft())
+                for s, n, spent, p in zip(seqs, lengths, before, looked)]
+
+    def _limit(self, seq: DecodeState) -> int:
+        """Most drafts this cycle may verify: the block, the tokens still wanted, the target's context."""
+        return min(seq.block - 1, seq.remaining - 1, self.target.max_positions - seq.start - 1)
+
+    def _draft_length(self, seq: DecodeState, rows: int) -> int:
+        n = self._limit(seq)
+        return seq.policy.draft_length(n, rows) if seq.policy is not None and n > 0 else n
+
+    def _lookup(self, seq: DecodeState, rows: int) -> Proposal | None:
+        """Drafts looked up in the committed context (`blockdraft.decoding.lookup`), when there is a match and (with an
+        adaptive policy) verifying them should commit more per second than the drafter or a plain step;
+        without a policy any match is used. Verified as a deterministic proposal (q = one-hot)."""
+        limit = self._limit(seq)
+        if seq.ngram is None or limit <= 0:
+            return None
+        drafts, match = seq.ngram.lookup(limit)
+        if seq.policy is not None and match:
+            drafts = drafts[: seq.policy.ngram_length(match, limit, rows)]
+        if not drafts:
+            return None
+        ids = torch.tensor(drafts, device=self.target.device)
+        q = None if seq.options.sampling.greedy else one_hot(ids, self.output_size, torch.float32)
+        return Proposal(ids, q, None, 0.0, source=match)
+
+    def _no_draft(self) -> Proposal:
+        return Proposal(self._nothing, None, None, 0.0)
+
+    def _draft_hidden(self, drafting: list[tuple[DecodeState, int]]) -> tuple[list[torch.Tensor], float]:
+        """One drafter forward for all requests, each over [its token, MASK x n] at its position -> hidden states
+        (n, D) of the masked slots, and each request's share of the seconds spent projecting the committed
+        features waiting for its draft cache (they go in first, in one call for all requests).
+
+        That projection is timed apart because it is not what a cycle's drafting costs: every committed token
+        is projected once, whether or not the cycle that commits it drafts (after a stretch of plain steps
+        the next draft projects all of them), so the adaptive policy must not weigh it against this cycle."""
+        t0 = now(self.target.device)
+        drafter, caches = self.drafter, [s.draft_cache for s, _ in drafting]
+        for s, _ in drafting:
+            s.pending = [torch.cat(s.pending, dim=1)]
+        drafter.extend([s.pending[0] for s, _ in drafting], caches)
+        context_s = (now(self.target.device) - t0) / len(drafting)
+        for s, _ in drafting:
+            s.pending = [s.pending[0][:, :0]]
+        mask = drafter.config.mask_token_id
+        ids = torch.full((len(drafting), 1 + max(n for _, n in drafting)), mask, device=self.target.device)
+        ids[:, 0] = torch.tensor([s.token for s, _ in drafting], device=self.target.device)
+        emb = self.target.embedding(ids)
+        hidden = drafter.draft_many([emb[r, : n + 1] for r, (_, n) in enumerate(drafting)],
+                                    [s.start for s, _ in drafting], [s.pending[0] for s, _ in drafting], caches)
+        share = (now(self.target.device) - t0) / len(drafting)
+        for s, _ in drafting:
+            s.stats.drafter_forwards += 1
+            s.stats.drafter_time += share
+        return [h[1:] for h in hidden], context_s
+
+    def _proposal(self, seq: DecodeState, logits: torch.Tensor, head_s: float, spent: float,
+                  rows: int = 1, context_s: float = 0.0) -> Proposal:
+        """Drafts from the drafter's logits (n, V') of one request (V' = its draft vocabulary, or all V): the
+        tokens (n,), their distributions (n, V) (None at T = 0) and the drafter's confidence per slot (n,): its
+        largest probability there. An adaptive policy then keeps the prefix that pays with `rows` rows in the
+        verify forward. `spent`: the request's drafter time before this call, `context_s`: the part of it
+        that projected committed context (left out of the proposal's cost, see `_draft_hidden`)."""
+        t0 = now(self.target.device)
+        params, gen = seq.options.sampling, seq.gen
+        ids, vocab = self.draft_ids, self.output_size
+        if params.greedy:
+            drafts, q = logits.argmax(-1), None
+        elif params.draft == "greedy":
+            drafts = logits.argmax(-1)
+            q = one_hot(drafts if ids is None else ids[drafts], vocab, torch.float32)
+        else:
+            q = probabilities(logits, params)
+            drafts = sample_index(q, uniforms(logits.shape[0], gen, q.device))
+            if ids is not None:  # q is 0 outside the draft vocabulary
+                q = q.new_zeros(q.shape[0], vocab).index_copy_(1, ids, q)
+        if ids is not None:
+            drafts = ids[drafts]
+        confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
+        seq.stats.drafter_time += head_s + now(self.target.device) - t0
+        prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent - context_s)
+        if seq.policy is not None:
+            keep = seq.policy.choose(confidence, rows)
+            prop.drafts, prop.q = drafts[:keep], None if q is None else q[:keep]
+        return prop
+
+    def settle(self, seq: DecodeState, prop: Proposal, logits: torch.Tensor, feats: torch.Tensor | None) -> list[int]:
+        """Verify `prop` against the target's logits (>= n+1, V) of [token, drafts]; commit; update state.
+
+        The caller rolls the target cache back to `seq.start` (the committed length) afterwards.
+        """
+        n, params = prop.drafts.numel(), seq.options.sampling
+        seq.stats.target_forwards += 1
+        if params.greedy:
+            a, bonus = greedy_verify(prop.drafts, logits[: n + 1])
+        else:
+            p = probabilities(logits[: n + 1], params)
+            u = uniforms(n + 1, seq.gen, p.device)
+            q = prop.q if prop.q is not None else p.new_zeros(0, p.shape[-1])
+            a, bonus = speculative_verify(prop.drafts, q, p, u[:n], u[n])
+        if feats is not None:
+            seq.pending.append(feats[None, : a + 1].clone())  # not a view that keeps the whole batch alive
+        if seq.policy is not None and prop.source:
+            seq.policy.update_ngram(prop.source, n, a)
+        elif seq.policy is not None and prop.confidence is not None:
+            seq.policy.update(prop.confidence, n, a, prop.drafter_s)
+        committed = prop.drafts[:a].tolist() + [bonus]
+        stop = seq.options.stop_token_ids
+        for i, t in enumerate(committed):
+            if t in stop:
+                committed = committed[: i + 1]
+                break
+        if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
+            seq.stats.acceptance_lengths.append(len(committed))
+            seq.stats.drafted.append(n)
+            seq.stats.sources.append(prop.source)
+        if seq.ngram is not None:
+            seq.ngram.extend(committed)
+        seq.start += len(committed)
+        seq.remaining -= len(committed)
+        seq.token = committed[-1]
+        seq.stats.new_tokens += len(committed)
+        seq.done = not self._continues(seq)
+        return committed
+
+    def _continues(self, seq: DecodeState) -> bool:
+        return (seq.remaining > 0 and seq.token not in seq.options.stop_token_ids
+                and seq.start < self.target.max_positions)
+
+    def adaptive_policy(self) -> AdaptiveVerify:
+        """The engine's adaptive verify policy, built on first use from the (cached) measured cost curve."""
+        if self.policy is None:
+            self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.drafter.config.block_size))
+        return self.policy
+
+    def calibrate_batch(self, rows: int) -> None:
+        """Give the adaptive policy the measured cost of verifying in batches of `rows` (once per device and
+        batch size: cached like the one-row curve). Only fast-path targets decode in batches."""
+        policy = self.adaptive_policy()
+        if rows > 1 and rows not in policy.batch_cost and isinstance(self.target, FastTarget):
+            policy.set_batch_cost(rows, cached_cost_curve(self.target, self.drafter.config.block_size, rows=rows))
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+        """One token from one row of logits (V,): argmax, or a draw from the truncated distribution."""
+        if params.greedy:
+            return int(logits.argmax().item())
+        return int(sample_index(probabilities(logits, params), uniforms(1, gen, logits.device)[0]).item())
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        vocab = self.target.vocab_size
+        if not prompt_ids:
+            raise InvalidArgumentError("prompt is empty: expected at least one token")
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise InvalidArgumentError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        if len(prompt_ids) >= self.target.max_positions:
+            raise InvalidArgumentError(f"prompt has {len(prompt_ids)} tokens: expected fewer than the target's "
+                                       f"context of {self.target.max_positions}")

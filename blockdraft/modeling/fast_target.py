@@ -1,0 +1,182 @@
+"""Fast path for Llama / Qwen2 / Qwen3 targets: our own forward over the Hugging Face weights.
+
+Same interface as `TargetModel`, plus batching: a static KV cache (layers, rows, kv heads, capacity, d)
+written in place at each token's position. Visibility comes from positions (key j is visible to a query at
+position p iff j <= p), so rolling back is free: stale entries past a row's committed length are simply
+overwritten by the next forward, never copied or cropped. The leaf modules (projections, norms, MLP,
+rotary tables) are the Hugging Face model's own, so weights are shared, not copied.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blockdraft.modeling.drafter import apply_rope, rms_norm
+from blockdraft.modeling.packing import PackedLinear, can_pack, fuse_linears
+from blockdraft.modeling.target import TargetModel
+
+FAST_FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def supports_fast_path(model: nn.Module) -> bool:
+    """Llama / Qwen2 / Qwen3 with full attention in every layer (sliding-window targets use the HF path)."""
+    config = model.config
+    return getattr(config, "model_type", None) in FAST_FAMILIES and not getattr(config, "use_sliding_window", False)
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face Llama / Qwen RMSNorm module's computation, through `blockdraft.modeling.drafter.rms_norm`."""
+    return rms_norm(x, norm.weight, norm.variance_epsilon)
+
+
+class StaticKVCache:
+    """K/V for `rows` sequences; grows by doubling when a forward needs more positions."""
+
+    def __init__(self, num_layers: int, rows: int, n_kv: int, head_dim: int, capacity: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        shape = (num_layers, rows, n_kv, capacity, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.lengths = [0] * rows  # committed tokens per row (host side: no syncs)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def ensure(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        cap = max(needed, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:3], cap, old.shape[4])
+            new[:, :, :, : old.shape[3]] = old
+            setattr(self, name, new)
+
+    def get_seq_length(self, row: int = 0) -> int:
+        return self.lengths[row]
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class FastTarget(TargetModel):
+    """A Llama / Qwen2 / Qwen3 target run by our own loop; numerically the HF forward, without its overhead."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None) -> None:
+        if not supports_fast_path(model):
+            raise ValueError(f"fast path supports {FAST_FAMILIES}, not {model.config.model_type!r}")
+        super().__init__(model, tokenizer)
+        decoder = model.get_decoder()
+        self.final_norm = decoder.norm
+        self.rotary = decoder.rotary_emb
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.n_kv = model.config.num_key_value_heads
+        self.scaling = attn.scaling
+        self.has_qk_norm = hasattr(attn, "q_norm")
+        self.n_heads = model.config.num_attention_heads
+        self._fused: list[tuple[PackedLinear, PackedLinear]] = []  # per layer: (q|k|v, gate|up), once packed
+
+    def pack(self) -> bool:
+        """Packing (see TargetModel.pack), with each layer's q/k/v and gate/up projections fused into one
+        packed layer apiece (two calls per layer fewer). The Hugging Face modules get `Slice`s of them, so
+        the model's own forward keeps working."""
+        if self.packed or not can_pack(self.device, self.dtype):
+            return self.packed
+        self._fused = [(fuse_linears(layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                        fuse_linears(layer.mlp, ("gate_proj", "up_proj"))) for layer in self.layers]
+        return super().pack()
+
+    def set_feature_layers(self, layer_ids: list[int]) -> None:
+        super().set_feature_layers(layer_ids)
+        for h in self._hooks:  # features are captured in our own loop
+            h.remove()
+        self._hooks = []
+
+    def new_cache(self, rows: int = 1, capacity: int = 256) -> StaticKVCache:
+        return StaticKVCache(self.num_layers, rows, self.n_kv, self.head_dim, capacity, self.device, self.dtype)
+
+    @staticmethod
+    def rollback(cache: StaticKVCache, length: int, row: int = 0) -> None:
+        cache.lengths[row] = min(cache.lengths[row], length)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int | Sequence[int], *,
+                features: bool = True, last_only: bool = False,
+                rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens (b, q) of cache rows `rows` (default 0..b-1) at positions start[i]..start[i]+q-1.
+
+        Returns logits (b, q or 1, V) and, when `features`, the selected layers' outputs (b, q, K*D).
+        """
+        b, q = input_ids.shape
+        starts = [start] * b if isinstance(start, int) else list(start)
+        span = max(starts) + q
+        cache.ensure(span)
+        device = input_ids.device
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device)  # (b, q)
+        row_idx = torch.arange(b, device=device) if rows is None else torch.tensor(list(rows), device=device)
+        contiguous = rows is None
+        mask = None
+        if not (b == 1 and q == 1):  # additive, built once (SDPA would convert a boolean mask in every layer)
+            visible = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]
+            mask = torch.zeros(visible.shape, device=device, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+            mask = mask[:, None]  # (b, 1, q, span)
+        # one slice per layer when the rows are 0..b-1 and share a start (a single request, or a prefill)
+        at = slice(starts[0], starts[0] + q) if contiguous and len(set(starts)) == 1 else None
+        x = self.embedding(input_ids)
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        wanted = set(self.feature_layer_ids) if features else set()
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(layer.input_layernorm, x)
+            x = x + self._attention(i, layer, h, cache, positions, row_idx, contiguous, at, span, cos, sin, mask)
+            x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
+            if i in wanted:
+                captured[i] = x
+        for r, s in zip(row_idx.tolist() if not contiguous else range(b), starts):
+            cache.lengths[r] = s + q
+        h = _rms_norm(self.final_norm, x[:, -1:] if last_only else x)
+        feats = torch.cat([captured[i] for i in self.feature_layer_ids], dim=-1) if features else None
+        return self.lm_head(h), feats
+
+    def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor,
+                   row_idx: torch.Tensor, contiguous: bool, at: slice | None, span: int, cos: torch.Tensor,
+                   sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        attn = layer.self_attn
+        b, q, _ = h.shape
+        if self._fused:
+            qkv = self._fused[i][0](h)
+        else:
+            qkv = torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        heads = qkv.view(b, q, -1, self.head_dim)  # (b, q, H + 2 Hkv, d): queries, keys, values
+        n_q = self.n_heads
+        qk, vs = heads[:, :, : n_q + self.n_kv], heads[:, :, n_q + self.n_kv:]
+        if self.has_qk_norm:
+            qk = torch.cat([_rms_norm(attn.q_norm, qk[:, :, :n_q]), _rms_norm(attn.k_norm, qk[:, :, n_q:])], dim=2)
+        qk = apply_rope(qk.transpose(1, 2), cos, sin)  # queries and keys in one rotation
+        qs, ks = qk[:, :n_q], qk[:, n_q:]
+        vs = vs.transpose(1, 2)
+        if at is not None:
+            cache.k[i, :b, :, at], cache.v[i, :b, :, at] = ks, vs
+        else:
+            cache.k[i, row_idx[:, None], :, positions] = ks.transpose(1, 2)
+            cache.v[i, row_idx[:, None], :, positions] = vs.transpose(1, 2)
+        if contiguous:  # a view of rows 0..b-1; other rows are gathered (a copy)
+            keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
+        else:
+            keys, values = cache.k[i, row_idx, :, :span], cache.v[i, row_idx, :, :span]
+        out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
+                                             enable_gqa=qs.shape[1] != keys.shape[1])
+        return attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))
+
+    def _mlp(self, i: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        mlp = layer.mlp
+        if not self._fused:
+            return mlp(h)
+        gate, up = self._fused[i][1](h).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)

@@ -1,0 +1,60 @@
+"""Memory of a target + drafter pair: parameters and per-token cache bytes, and totals at a context length.
+
+The drafter reuses the target's embedding and LM head, so its own parameters are only its layers, fc and
+norms. Per request, the target's KV cache grows by 2 x layers x kv_heads x head_dim values per token, the
+drafter's context cache by the same for its (few) layers; a draft window caps the latter.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from blockdraft.modeling.drafter import Drafter
+from blockdraft.modeling.packing import packed_bytes
+from blockdraft.modeling.target import TargetModel
+
+
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of `module`'s distinct parameters plus its prepacked weights (`blockdraft.modeling.packing`)."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total + packed_bytes(module)
+
+
+def memory_report(target: TargetModel, drafter: Drafter | None, context: int = 1024,
+                  draft_window: int | None = None, draft_head: nn.Module | None = None) -> dict[str, Any]:
+    """`draft_head`: the drafter's own copy of its vocabulary's LM-head rows (`blockdraft.modeling.draft_vocab`), if any."""
+    cfg = target.config_dict()
+    size = torch.empty(0, dtype=target.dtype).element_size()
+    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    target_kv = 2 * cfg["num_hidden_layers"] * heads * head_dim * size
+    report: dict[str, Any] = {"context_tokens": context, "target_parameters_bytes": param_bytes(target.model),
+                              "target_kv_bytes_per_token": target_kv, "target_kv_bytes": target_kv * context}
+    if drafter is not None:
+        d = drafter.config
+        draft_kv = 2 * d.num_hidden_layers * d.num_key_value_heads * d.head_dim * drafter.dtype.itemsize
+        kept = context if draft_window is None else min(context, draft_window)
+        own_head = param_bytes(draft_head) if draft_head is not None else 0
+        report.update(drafter_parameters_bytes=param_bytes(drafter) + own_head, drafter_cache_bytes_per_token=draft_kv,
+                      drafter_cache_bytes=draft_kv * kept, draft_window=draft_window)
+    report["total_bytes"] = sum(v for k, v in report.items()
+                                if k in ("target_parameters_bytes", "target_kv_bytes", "drafter_parameters_bytes",
+                                         "drafter_cache_bytes"))
+    return report
+
+
+def describe(report: dict[str, Any]) -> str:
+    mb = 2**20
+    text = (f"target {report['target_parameters_bytes'] / mb:.0f} MB + KV {report['target_kv_bytes'] / mb:.1f} MB"
+            f" at {report['context_tokens']} tokens")
+    if "drafter_parameters_bytes" in report:
+        text += (f" | drafter {report['drafter_parameters_bytes'] / mb:.1f} MB + cache "
+                 f"{report['drafter_cache_bytes'] / mb:.2f} MB")
+    return text

@@ -1,0 +1,165 @@
+"""Target adapter over a Hugging Face causal LM (Llama, Qwen2, Qwen3 and look-alikes).
+
+It runs the target with a KV cache, captures the outputs of the selected decoder layers with forward
+hooks (never all hidden states), exposes the frozen embedding and LM head, and rolls the cache back.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from blockdraft.errors import IncompatibleModelsError
+from blockdraft.modeling.packing import can_pack, pack_linears
+
+log = logging.getLogger(__name__)
+
+
+class TargetModel:
+    """A frozen causal LM plus the bookkeeping DFlash needs."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.config = model.config
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.layers: nn.ModuleList = decoder.layers
+        self.feature_layer_ids: list[int] = []
+        self._captured: dict[int, torch.Tensor] = {}
+        self._capture = False
+        self._hooks: list[Any] = []
+        self.packed = False
+        self._stock: nn.Module | None = None
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32, **kwargs: Any) -> "TargetModel":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs).to(device)
+        return cls(model, tokenizer)
+
+    def pack(self) -> bool:
+        """Prepack the linear layers for CPU inference (`blockdraft.modeling.packing`), in place; the LM head keeps its
+        dense weight too (the drafter scores sub-vocabularies with it). False where packing does not apply."""
+        if self.packed or not can_pack(self.device, self.dtype):
+            return self.packed
+        count = pack_linears(self.model, keep_dense=(self.lm_head,))
+        log.info("prepacked %d linear layers for CPU inference", count)
+        self.packed = True
+        return True
+
+    def stock_model(self) -> nn.Module:
+        """The Hugging Face model with its stock dense layers, for baselines that must run unmodified Hugging
+        Face code: the model itself unless packed, else a copy loaded once from the same folder."""
+        if not self.packed:
+            return self.model
+        if self._stock is None:
+            from transformers import AutoModelForCausalLM
+
+            log.info("loading a dense copy of %s for the Hugging Face baselines", self.model.name_or_path)
+            self._stock = AutoModelForCausalLM.from_pretrained(self.model.name_or_path, dtype=self.dtype).to(
+                self.device).eval().requires_grad_(False)
+        return self._stock
+
+    # ---------------------------------------------------------------- shape
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.embedding.weight.shape[0])
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 1 << 30))
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.weight.dtype
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    # ---------------------------------------------------------------- features
+    def set_feature_layers(self, layer_ids: list[int]) -> None:
+        """Capture the outputs of these decoder layers (HF `hidden_states[i + 1]`) on every forward."""
+        for i in layer_ids:
+            if not 0 <= i < self.num_layers:
+                raise IncompatibleModelsError(
+                    f"target layer id {i} does not exist: the target has {self.num_layers} layers (0..{self.num_layers - 1})")
+        for h in self._hooks:
+            h.remove()
+        self.feature_layer_ids = list(layer_ids)
+        self._hooks = [self.layers[i].register_forward_hook(self._hook(i)) for i in sorted(set(layer_ids))]
+
+    def _hook(self, i: int):
+        def store(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            if self._capture:
+                self._captured[i] = output[0] if isinstance(output, tuple) else output
+        return store
+
+    # ---------------------------------------------------------------- running
+    def new_cache(self, rows: int = 1, capacity: int = 0) -> Any:
+        """An empty KV cache; a dynamic cache grows to any batch and length (`rows`, `capacity` are hints)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: Any, start: int, *, features: bool = True,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run tokens (b, T) at positions start..start+T-1 through the target, extending `cache`.
+
+        Returns logits (b, T, V) (or (b, 1, V) with `last_only`) and, when `features`, the captured
+        layers' outputs concatenated on the feature axis, (b, T, K*D), in `feature_layer_ids` order.
+        """
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        self._capture, self._captured = features, {}
+        try:
+            out = self.model(input_ids=input_ids, position_ids=positions[None].expand(input_ids.shape[0], -1),
+                             cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        finally:
+            self._capture = False
+        if cache.get_seq_length() != start + input_ids.shape[1]:
+            import transformers
+
+            raise IncompatibleModelsError(
+                f"transformers {transformers.__version__} did not fill the KV cache (holds {cache.get_seq_length()} "
+                f"tokens, expected {start + input_ids.shape[1]}): blockdraft needs the pinned transformers==5.24.0")
+        feats = None
+        if features:
+            if not self.feature_layer_ids:
+                raise RuntimeError("set_feature_layers() was not called before asking for features")
+            feats = torch.cat([self._captured[i] for i in self.feature_layer_ids], dim=-1)
+        self._captured = {}
+        return out.logits, feats
+
+    @staticmethod
+    def rollback(cache: Any, length: int) -> None:
+        """Drop cache entries past `length` tokens (transformers 5.24 wants a negative crop)."""
+        extra = cache.get_seq_length() - length
+        if extra > 0:
+            cache.crop(-extra)

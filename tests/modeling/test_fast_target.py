@@ -1,0 +1,77 @@
+import torch
+
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.stats import GenerationStats
+from blockdraft.modeling.fast_target import FastTarget, supports_fast_path
+from blockdraft.modeling.target import TargetModel
+from tests.conftest import tiny_drafter, tiny_hf_model
+
+
+def test_logits_and_features_equal_the_hf_forward(arch):
+    model = tiny_hf_model(arch, layers=5)
+    fast, ref = FastTarget(model), TargetModel(model)
+    assert supports_fast_path(model)
+    for t in (fast, ref):
+        t.set_feature_layers([3, 0, 2])
+    ids = torch.randint(0, 96, (1, 20))
+    fc, rc = fast.new_cache(capacity=8), ref.new_cache()  # capacity 8 forces the cache to grow
+    for lo, hi in [(0, 9), (9, 10), (10, 20)]:
+        a, fa = fast.forward(ids[:, lo:hi], fc, lo)
+        b, fb = ref.forward(ids[:, lo:hi], rc, lo)
+        assert torch.allclose(a, b, atol=1e-10) and torch.allclose(fa, fb, atol=1e-10)
+    fast.rollback(fc, 12)  # free: no copy, stale entries are overwritten
+    ref.rollback(rc, 12)
+    new = torch.randint(0, 96, (1, 4))
+    assert torch.allclose(fast.forward(new, fc, 12)[0], ref.forward(new, rc, 12)[0], atol=1e-10)
+
+
+def test_rows_at_different_lengths_match_single_rows():
+    model = tiny_hf_model("qwen3")
+    fast = FastTarget(model)
+    fast.set_feature_layers([1])
+    prompts = [torch.randint(0, 96, (1, n)) for n in (5, 11, 8)]
+    cache = fast.new_cache(rows=3)
+    for r, p in enumerate(prompts):
+        fast.forward(p, cache, 0, rows=[r])
+    step = torch.randint(0, 96, (3, 2))
+    batched, feats = fast.forward(step, cache, [5, 11, 8])
+    for r, p in enumerate(prompts):
+        solo, solo_feats = fast.forward(torch.cat([p, step[r:r + 1]], 1), fast.new_cache(), 0)
+        assert torch.allclose(batched[r], solo[0, -2:], atol=1e-10)
+        assert torch.allclose(feats[r], solo_feats[0, -2:], atol=1e-10)
+    sub, _ = fast.forward(step[[2, 0]], cache, [8, 5], rows=[2, 0])  # a gathered subset of rows
+    assert torch.allclose(sub, batched[[2, 0]], atol=1e-10)
+
+
+def test_engine_on_the_fast_path_equals_hf_generate(arch):
+    model = tiny_hf_model(arch)
+    fast = FastTarget(model)
+    engine = SpeculativeEngine(fast, tiny_drafter(fast, block_size=6))
+    prompt = [7, 3, 9, 1, 4]
+    stats = GenerationStats(1)
+    out = [t for c in engine.decode(prompt, DecodeOptions(max_new_tokens=30), stats) for t in c]
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    assert out == ref[0, 5:].tolist()
+
+
+def test_rows_in_order_attend_to_views_of_the_cache(monkeypatch):
+    """Rows 0..b-1 (rows=None) read their keys and values in place, whatever their starts; only an explicit
+    subset of rows is gathered. A copy here would move the whole batch's cache through memory every layer."""
+    import blockdraft.modeling.fast_target as ft
+
+    fast = FastTarget(tiny_hf_model("llama", layers=2))
+    cache = fast.new_cache(rows=3, capacity=32)
+    fast.forward(torch.randint(0, 96, (3, 6)), cache, 0, features=False)
+    seen = []
+    sdpa = ft.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append(k.untyped_storage().data_ptr() == cache.k.untyped_storage().data_ptr())
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(ft.F, "scaled_dot_product_attention", spy)
+    fast.forward(torch.randint(0, 96, (3, 2)), cache, [6, 4, 5], features=False)  # different starts, rows in order
+    assert seen and all(seen)
+    seen.clear()
+    fast.forward(torch.randint(0, 96, (2, 1)), cache, [8, 7], features=False, rows=[2, 0])  # a subset: gathered
+    assert seen and not any(seen)
