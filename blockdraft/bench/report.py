@@ -142,10 +142,22 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     return {
         "packages": {p: version(p) for p in ("blockdraft", "torch", "transformers", "tokenizers", "safetensors")},
         "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),
+        "cpu_model": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).replace("torch.", ""), "git_commit": _git_commit(),
     }
+
+
+def _cpu_model() -> str | None:
+    """The CPU's marketing name (Linux), e.g. 'AMD EPYC 7B13'."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _git_commit() -> str | None:
@@ -177,7 +189,9 @@ def _batch_lines(title: str, batch: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| dataset | method | tau | tok/s | TTFT ms | TPOT ms | x no_draft | x hf_generate | identical |",
+    measures = result.get("config", {}).get("measures")
+    lines = [f"Settings: {measures}.", ""] if measures else []
+    lines += ["| dataset | method | tau | tok/s | TTFT ms | TPOT ms | x no_draft | x hf_generate | identical |",
              "|---|---|---|---|---|---|---|---|---|"] if result["summaries"] else []
     for dataset, table in result["summaries"].items():
         for m, row in table.items():

@@ -50,8 +50,9 @@ class BenchSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     block_sizes: tuple[int, ...] = ()          # DFlash run-time block sizes; () = the trained size
-    verify: tuple[str, ...] = ("fixed",)       # DFlash verify modes: fixed and/or adaptive
-    methods: tuple[str, ...] = ("dflash", "no_draft", "hf_generate", "hf_prompt_lookup")
+    verify: tuple[str, ...] = ("adaptive",)    # DFlash verify modes: adaptive (generate's default) and/or fixed
+    # generate's default (the drafter with looked-up drafts), then the two baselines
+    methods: tuple[str, ...] = ("dflash_ngram", "no_draft", "hf_generate")
     prompt_lookup_tokens: int = 10
     turns: int = 2                             # at most this many turns of multi-turn prompts
     seed: int = 0

@@ -24,6 +24,7 @@ from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
 from blockdraft.modeling.draft_vocab import draft_head
 from blockdraft.modeling.drafter import DraftCache, Drafter
 from blockdraft.modeling.fast_target import FastTarget
+from blockdraft.modeling.pair import pair_problems
 from blockdraft.modeling.target import TargetModel
 
 VERIFY_MODES = ("fixed", "adaptive")
@@ -84,16 +85,9 @@ class DecodeOptions:
 
 def check_pair(target: TargetModel, drafter: Drafter) -> None:
     """Raise IncompatibleModelsError unless `drafter` was built for a target shaped like `target`."""
-    cfg = drafter.config
-    if cfg.hidden_size != target.hidden_size:
-        raise IncompatibleModelsError(
-            f"drafter hidden_size={cfg.hidden_size} but target hidden_size={target.hidden_size}: not a pair")
-    if cfg.num_target_layers != target.num_layers:
-        raise IncompatibleModelsError(
-            f"drafter was built for a {cfg.num_target_layers}-layer target, this target has {target.num_layers}")
-    if cfg.mask_token_id >= target.vocab_size:
-        raise IncompatibleModelsError(
-            f"drafter mask_token_id={cfg.mask_token_id} is outside the target vocabulary [0, {target.vocab_size})")
+    problems = pair_problems(drafter.config, target.hidden_size, target.num_layers, target.vocab_size)
+    if problems:
+        raise IncompatibleModelsError(problems[0])
 
 
 class SpeculativeEngine:

@@ -41,7 +41,7 @@ def read_config(folder: str | Path) -> DrafterConfig:
     return DrafterConfig.from_dict(raw)
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     if (folder / WEIGHTS).is_file():
         return [folder / WEIGHTS]
     if (folder / INDEX).is_file():
@@ -60,7 +60,7 @@ def _weight_files(folder: Path) -> list[Path]:
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     """All drafter tensors of a folder (single file or sharded), minus target-owned ones."""
     state: dict[str, torch.Tensor] = {}
-    for path in _weight_files(Path(folder)):
+    for path in weight_files(Path(folder)):
         try:
             with safe_open(str(path), framework="pt") as f:
                 for key in f.keys():

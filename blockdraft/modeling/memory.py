@@ -27,6 +27,11 @@ def param_bytes(module: nn.Module) -> int:
     return total + packed_bytes(module)
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """Cache bytes one token adds: a key and a value per layer and KV head."""
+    return 2 * layers * kv_heads * head_dim * itemsize
+
+
 def memory_report(target: TargetModel, drafter: Drafter | None, context: int = 1024,
                   draft_window: int | None = None, draft_head: nn.Module | None = None) -> dict[str, Any]:
     """`draft_head`: the drafter's own copy of its vocabulary's LM-head rows (`blockdraft.modeling.draft_vocab`), if any."""
@@ -34,12 +39,12 @@ def memory_report(target: TargetModel, drafter: Drafter | None, context: int = 1
     size = torch.empty(0, dtype=target.dtype).element_size()
     heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    target_kv = 2 * cfg["num_hidden_layers"] * heads * head_dim * size
+    target_kv = kv_bytes_per_token(cfg["num_hidden_layers"], heads, head_dim, size)
     report: dict[str, Any] = {"context_tokens": context, "target_parameters_bytes": param_bytes(target.model),
                               "target_kv_bytes_per_token": target_kv, "target_kv_bytes": target_kv * context}
     if drafter is not None:
         d = drafter.config
-        draft_kv = 2 * d.num_hidden_layers * d.num_key_value_heads * d.head_dim * drafter.dtype.itemsize
+        draft_kv = kv_bytes_per_token(d.num_hidden_layers, d.num_key_value_heads, d.head_dim, drafter.dtype.itemsize)
         kept = context if draft_window is None else min(context, draft_window)
         own_head = param_bytes(draft_head) if draft_head is not None else 0
         report.update(drafter_parameters_bytes=param_bytes(drafter) + own_head, drafter_cache_bytes_per_token=draft_kv,

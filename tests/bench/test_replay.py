@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from blockdraft.bench.replay import replay_acceptance
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine

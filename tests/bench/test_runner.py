@@ -84,7 +84,7 @@ def test_method_names_are_validated():
         method_names(BenchSettings(methods=("eagle",)), 6)
     with pytest.raises(InvalidArgumentError, match="verify mode 'always'"):
         method_names(BenchSettings(verify=("always",)), 6)
-    with pytest.raises(InvalidArgumentError, match="'dflash' needs a drafter"):
+    with pytest.raises(InvalidArgumentError, match="'dflash_ngram' needs a drafter"):
         method_names(BenchSettings(), None)
 
 

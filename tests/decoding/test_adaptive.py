@@ -17,7 +17,6 @@ from tests.decoding.test_engine import (
     exact_joint,
     hf_greedy,
     prompts,
-    sample_counts,
 )
 
 STEEP = {1: 1.0, 2: 1.2, 3: 1.5, 4: 2.0, 5: 2.6, 6: 3.3, 7: 4.0, 8: 5.0}  # seconds of a q-token verify

@@ -12,7 +12,7 @@ from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.modeling.target import TargetModel
 from tests.conftest import tiny_drafter, tiny_hf_model
-from tests.decoding.test_engine import PROMPT, VOCAB, chi_square_pvalue, decode, exact_joint, prompts
+from tests.decoding.test_engine import PROMPT, VOCAB, chi_square_pvalue, exact_joint, prompts
 
 
 def solo(engine, prompt, options):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import _thread
 import http.client
 import json
+import signal
 import socket
 import threading
 import time
@@ -377,7 +378,16 @@ def test_cli_serve_starts_and_stops(capsys, monkeypatch, tiny_target_dir):
     assert "at http://127.0.0.1:" in err and "up to 3 queued" in err and "shutting down" in err
 
 
-def test_ctrl_c_on_the_worker_thread_ends_the_running_stream_with_a_503():
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, as in a terminal (a background job of a non-interactive shell
+    starts with SIGINT ignored, and `_thread.interrupt_main` would then do nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_on_the_worker_thread_ends_the_running_stream_with_a_503(ctrl_c_raises):
     pipe = EndlessPipe()
     srv = BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny", worker_thread=False)
     lines: list[bytes] = []
