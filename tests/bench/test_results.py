@@ -24,8 +24,8 @@ def single(fast: float, tau: float) -> dict:
 def write_runs(folder):
     batch = {d: {results.DEFAULT: {"rows": 8, "requests": 16, "tokens_per_second": 80.0, "identical_to_no_draft": 16},
                  "no_draft": {"tokens_per_second": 75.0}} for d in ("mt-bench", "humaneval")}
-    replay = {"replay_by_dataset": {"mt-bench": {"mean_acceptance_length": {"16": 1.5}},
-                                    "sharegpt-heldout": {"mean_acceptance_length": {"16": 1.6}}}}
+    replay = {"replay_by_dataset": {"mt-bench": {"mean_acceptance_length": {"b16": 1.5}},
+                                    "sharegpt-heldout": {"mean_acceptance_length": {"b16": 1.6}}}}
     for name, data in (("t0", single(32.0, 2.4)), ("t07", single(28.0, 1.9)), ("batch8", {"batch_by_dataset": batch}),
                        ("acceptance", replay)):
         (folder / name).mkdir(parents=True)
