@@ -31,6 +31,7 @@ from blockdraft.modeling.target import TargetModel
 log = logging.getLogger(__name__)
 
 Messages = Sequence[dict[str, str]]
+DEFAULT_SAMPLER = "gumbel"  # with a seed, exactly plain decoding's tokens (blockdraft.decoding.gumbel)
 
 
 @dataclass
@@ -167,13 +168,14 @@ class Pipeline:
                max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
                stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
-               verify: str = "adaptive", ngram: bool = True,
+               verify: str = "adaptive", ngram: bool = True, sampler: str = DEFAULT_SAMPLER,
                chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
         """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
         ids = self.encode(prompt, chat, messages, chat_template_kwargs)
         stops = tuple(self.stop_token_ids() if stop_token_ids is None else stop_token_ids)
         options = DecodeOptions(max_new_tokens=max_new_tokens, block_size=block_size, no_draft=no_draft,
-                                stop_token_ids=stops, sampling=SamplingParams(temperature, top_k, top_p, seed, draft),
+                                stop_token_ids=stops,
+                                sampling=SamplingParams(temperature, top_k, top_p, seed, draft, sampler),
                                 verify=verify, ngram=ngram)
         if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
             raise InvalidArgumentError(f"stop={stop!r}: expected a list of non-empty strings")
@@ -184,7 +186,9 @@ class Pipeline:
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationOutput:
         """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
-        seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"),
+        seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"), sampler
+        ("gumbel", the default: with a seed, exactly the tokens plain decoding gives with that seed;
+        "rejection": the min(1, p/q) rule; both sample the target's distribution exactly),
         verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.decoding.adaptive;
         "fixed": the whole block), ngram (True, the default: also draft by looking the context up in the cycles
         where that should commit more, see blockdraft.decoding.lookup; False: the drafter's drafts only)."""
@@ -198,7 +202,7 @@ class Pipeline:
                        max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, seed: int | None = None, block_size: int | None = None,
                        no_draft: bool = False, draft: str = "sample", verify: str = "adaptive", ngram: bool = True,
-                       chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
+                       sampler: str = DEFAULT_SAMPLER, chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
         """Generate for many prompts at once (`rows` decode together, continuous batching); results in input
         order. Each item is a user message (chat=True), raw text (chat=False) or a list of messages.
         Request i samples with seed `seed + i` when a seed is given. Outputs equal `generate` per prompt."""
@@ -211,7 +215,7 @@ class Pipeline:
         stops = self.stop_token_ids()
         options = [DecodeOptions(max_new_tokens=m, block_size=block_size, no_draft=no_draft, stop_token_ids=stops,
                                  sampling=SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i,
-                                                         draft), verify=verify, ngram=ngram)
+                                                         draft, sampler), verify=verify, ngram=ngram)
                    for i, m in enumerate(limits)]
         results: list[GenerationOutput | None] = [None] * len(prompts)
         for i, tokens, stats in BatchEngine(self.engine, rows).run(ids, options):
@@ -230,7 +234,9 @@ class Pipeline:
             tokens.extend(committed)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             cut = _find_stop(text, stop, max(emitted - holdback, 0))
-            if cut is not None:
+            if cut is not None:  # keep the tokens plain decoding would have: up to the one completing the stop
+                tokens = self._until_stop(tokens, len(tokens) - len(committed), stop)
+                stats.new_tokens = len(tokens)
                 text, finish = text[:cut], "stop"
             elif committed[-1] in options.stop_token_ids:
                 finish = "stop"
@@ -246,6 +252,15 @@ class Pipeline:
         if len(text) > emitted:
             yield text[emitted:]
         stream.output = GenerationOutput(text=text, token_ids=tokens, stats=stats, finish_reason=finish)
+
+
+    def _until_stop(self, tokens: list[int], done: int, stops: tuple[str, ...]) -> list[int]:
+        """The shortest prefix of `tokens` longer than `done` whose text holds a stop string (one cycle can commit
+        several tokens past it; plain decoding stops at the token that completes it)."""
+        for end in range(done + 1, len(tokens) + 1):
+            if _find_stop(self.tokenizer.decode(tokens[:end], skip_special_tokens=True), stops, 0) is not None:
+                return tokens[:end]
+        return tokens
 
 
 def _find_stop(text: str, stops: tuple[str, ...], since: int) -> int | None:

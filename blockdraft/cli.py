@@ -7,8 +7,10 @@ import logging
 import signal
 import sys
 
+from blockdraft.api import DEFAULT_SAMPLER
 from blockdraft.bench.command import add_parser as add_bench_parser
 from blockdraft.bench.command import run_bench_command
+from blockdraft.decoding.sampling import SAMPLERS
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 from blockdraft.train.command import add_parsers as add_training_parsers
@@ -40,6 +42,9 @@ def _decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", choices=("fixed", "adaptive"), default="adaptive",
                    help="adaptive (default): verify only the draft prefix worth its cost on this device (cost curve "
                         "measured once and cached); fixed: verify every draft of the block")
+    p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
+                   help="with temperature > 0: gumbel (default; with --seed, exactly the tokens plain decoding gives "
+                        "with that seed) or rejection (the min(1, p/q) rule); both sample the target exactly")
     p.add_argument("--no-ngram", dest="ngram", action="store_false",
                    help="draft with the drafter only (default: also look the context up, prompt-lookup style, in the "
                         "cycles where that should commit more; lossless either way)")
@@ -143,7 +148,7 @@ def _load_pipeline(args: argparse.Namespace):
 def _decoding_options(args: argparse.Namespace) -> dict:
     """`Pipeline.stream` keywords from `_decoding_arguments`."""
     return dict(block_size=args.block_size, no_draft=args.no_draft, draft=args.draft, verify=args.verify,
-                ngram=args.ngram)
+                ngram=args.ngram, sampler=args.sampler)
 
 
 def run_info(args: argparse.Namespace) -> int:

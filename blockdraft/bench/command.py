@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated subset of dflash,dflash_fullvocab,dflash_ngram,dflash_hf,no_draft,hf_generate,"
                         "hf_prompt_lookup (docs/bench.md); default dflash_ngram (what generate does by default: the "
                         "drafter with looked-up drafts), no_draft, hf_generate")
+    p.add_argument("--sampler", default=",".join(BenchSettings.samplers),
+                   help="samplers at T > 0, comma-separated: gumbel (default, as generate), rejection; several run "
+                        "every DFlash method once per sampler, side by side (names get a +SAMPLER suffix)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10,
                    help="draft length of the hf_prompt_lookup baseline (default 10)")
     p.add_argument("--thinking", choices=("on", "off", "default"), default="default",
@@ -110,7 +113,8 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                             block_sizes=tuple(args.block_sizes), verify=tuple(args.verify.split(",")), methods=tuple(args.methods.split(",")),
+                             block_sizes=tuple(args.block_sizes), verify=tuple(args.verify.split(",")),
+                             methods=tuple(args.methods.split(",")), samplers=tuple(args.sampler.split(",")),
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              chat_template_kwargs=kwargs)
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile,
@@ -144,7 +148,8 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
 def settings_line(settings: Any) -> str:
     """Which settings a run measures, in words (printed at the start and kept in the Markdown)."""
     default = (settings.verify == ("adaptive",) and "dflash_ngram" in settings.methods)
-    return (f"methods {','.join(settings.methods)}, verify {','.join(settings.verify)}, T={settings.temperature:g}, "
+    return (f"methods {','.join(settings.methods)}, verify {','.join(settings.verify)}, T={settings.temperature:g}"
+            + (f", sampler {','.join(settings.samplers)}" if settings.temperature > 0 else "") + ", "
             f"top-p {settings.top_p:g}, {settings.max_new_tokens} new tokens"
             + ("; dflash_ngram + adaptive is what `blockdraft generate` does by default" if default else
                "; not generate's default (that is --methods dflash_ngram --verify adaptive)"))

@@ -3,6 +3,8 @@
 Methods (names as they appear in the results):
     dflash-bN         DFlash through our engine at run-time block size N (N <= the drafter's trained size)
     dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.decoding.adaptive`)
+    dflash-...+S      with several --sampler values: the same method with sampler S (gumbel or rejection);
+                      with one, names carry no suffix and every method samples with it
     dflash-bN[-adaptive]-fullvocab  the same, scoring drafts over the whole vocabulary rather than the drafter's
                       own draft vocabulary (methods: dflash_fullvocab; `blockdraft.modeling.draft_vocab`)
     dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
@@ -27,12 +29,12 @@ from typing import Any, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from blockdraft.api import Pipeline
+from blockdraft.api import DEFAULT_SAMPLER, Pipeline
 from blockdraft.bench.metrics import mean_acceptance_length
 from blockdraft.bench.replay import replay_acceptance
 from blockdraft.decoding.batch_engine import BatchEngine
 from blockdraft.decoding.engine import VERIFY_MODES, DecodeOptions, SpeculativeEngine
-from blockdraft.decoding.sampling import SamplingParams
+from blockdraft.decoding.sampling import SAMPLERS, SamplingParams
 from blockdraft.decoding.stats import GenerationStats, now
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.target import TargetModel
@@ -53,6 +55,7 @@ class BenchSettings:
     verify: tuple[str, ...] = ("adaptive",)    # DFlash verify modes: adaptive (generate's default) and/or fixed
     # generate's default (the drafter with looked-up drafts), then the two baselines
     methods: tuple[str, ...] = ("dflash_ngram", "no_draft", "hf_generate")
+    samplers: tuple[str, ...] = (DEFAULT_SAMPLER,)  # at T > 0; several: each DFlash method once per sampler
     prompt_lookup_tokens: int = 10
     turns: int = 2                             # at most this many turns of multi-turn prompts
     seed: int = 0
@@ -94,7 +97,8 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
             for b in settings.block_sizes or (trained_block_size,):
                 if not 2 <= b <= trained_block_size:
                     raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
-                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") + suffix for v in settings.verify]
+                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") + suffix + sampler
+                          for v in settings.verify for sampler in _sampler_suffixes(settings)]
         elif m in BASE_METHODS:
             names.append(m)
         elif m == "dflash_hf":
@@ -106,6 +110,13 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
     if bad:
         raise InvalidArgumentError(f"verify mode {bad[0]!r}: expected one of {VERIFY_MODES}")
     return names
+
+
+def _sampler_suffixes(settings: BenchSettings) -> list[str]:
+    bad = [x for x in settings.samplers if x not in SAMPLERS]
+    if bad or not settings.samplers:
+        raise InvalidArgumentError(f"sampler {bad[0] if bad else None!r}: expected some of {SAMPLERS}")
+    return [""] if len(settings.samplers) == 1 else [f"+{x}" for x in settings.samplers]
 
 
 # ------------------------------------------------------------------ one generation per method
@@ -141,7 +152,7 @@ def _engine(pipe: Pipeline, method: str) -> SpeculativeEngine:
     """The engine a method runs on: the pipeline's, or a variant (built once, then reused)."""
     if method == "dflash-hfpath":
         return _hf_path_engine(pipe)
-    if method.endswith("-fullvocab"):
+    if method.partition("+")[0].endswith("-fullvocab"):
         if pipe not in _FULL_VOCAB:  # with its own adaptive policy, learned across calls like the pipeline's
             _FULL_VOCAB[pipe] = SpeculativeEngine(pipe.target, pipe.drafter, draft_window=pipe.engine.draft_window,
                                                    draft_vocab=False)
@@ -178,10 +189,11 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
 
 
 def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -> DecodeOptions:
+    method, _, sampler = method.partition("+")
     block = int(method.split("-")[1][1:]) if method.startswith("dflash-b") else None
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
                          stop_token_ids=stops,
-                         sampling=SamplingParams(s.temperature, 0, s.top_p, seed),
+                         sampling=SamplingParams(s.temperature, 0, s.top_p, seed, sampler=sampler or s.samplers[0]),
                          verify="adaptive" if "-adaptive" in method else "fixed", ngram=method.endswith("-ngram"))
 
 

@@ -45,7 +45,7 @@ def speculative_verify(drafts: torch.Tensor, q_draft: torch.Tensor, p: torch.Ten
     idx = drafts[:, None]
     p_x = p[:n].gather(-1, idx)[:, 0]
     q_x = q_draft.gather(-1, idx)[:, 0]
-    a = accepted_prefix(u_accept.to(p_x.dtype) * q_x < p_x)
+    a = accepted_prefix(u_accept.double() * q_x.double() < p_x.double())  # float64: u near 1 must not round up
     weights = p[n] if a == n else residual(p[a], q_draft[a])
     return a, int(sample_index(weights, u_sample).item())
 

@@ -14,9 +14,10 @@ from typing import Iterator
 
 import torch
 
-from blockdraft.decoding.acceptance import greedy_verify, one_hot, speculative_verify
+from blockdraft.decoding.acceptance import accepted_prefix, greedy_verify, one_hot, speculative_verify
 from blockdraft.decoding.adaptive import AdaptiveVerify
 from blockdraft.decoding.costs import cached_cost_curve
+from blockdraft.decoding.gumbel import gumbel_choice, gumbel_noise, new_seed
 from blockdraft.decoding.lookup import NgramIndex
 from blockdraft.decoding.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
 from blockdraft.decoding.stats import GenerationStats, now
@@ -38,7 +39,7 @@ class DecodeState:
     options: "DecodeOptions"
     stats: GenerationStats
     block: int                              # run-time block size (1: plain decoding)
-    gen: torch.Generator | None
+    gen: torch.Generator | None             # the rejection sampler's uniforms (None: greedy or gumbel)
     draft_cache: DraftCache | None
     policy: AdaptiveVerify | None
     token: int = -1                         # last committed token (not yet in the target cache)
@@ -48,6 +49,8 @@ class DecodeState:
     # drafts (appending to one tensor would copy it every cycle while an adaptive policy decodes plainly)
     pending: list[torch.Tensor] = field(default_factory=list)
     ngram: NgramIndex | None = None         # the committed tokens, for looked-up drafts (options.ngram)
+    seed: int | None = None                 # the gumbel sampler's noise key (blockdraft.decoding.gumbel)
+    noise: dict[int, torch.Tensor] = field(default_factory=dict)  # its Gumbel rows (V,) by absolute position
     done: bool = False
 
     @property
@@ -58,7 +61,7 @@ class DecodeState:
 @dataclass
 class Proposal:
     drafts: torch.Tensor                    # (n,) drafts to verify
-    q: torch.Tensor | None                  # (n, V) their distributions (None at T = 0)
+    q: torch.Tensor | None                  # (n, V) their distributions (None at T = 0 and with the gumbel sampler)
     confidence: torch.Tensor | None         # (N,) drafter confidence of every drafted slot
     drafter_s: float                        # this cycle's drafting, without the context projection (see below)
     source: int = 0                         # 0: the drafter; n > 0: looked up after an n-token match
@@ -149,10 +152,12 @@ class SpeculativeEngine:
         block = self.block_size(options)
         params = options.sampling
         speculative = block > 1
+        gumbel = not params.greedy and params.sampler == "gumbel"
         stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
         return DecodeState(
             prompt=list(prompt_ids), options=options, stats=stats, block=block,
-            gen=None if params.greedy else new_generator(params.seed, self.target.device),
+            gen=None if params.greedy or gumbel else new_generator(params.seed, self.target.device),
+            seed=(new_seed() if params.seed is None else params.seed) if gumbel else None,
             draft_cache=DraftCache(self.drafter.config.num_hidden_layers, self.draft_window) if speculative else None,
             policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None,
             ngram=NgramIndex(prompt_ids) if speculative and options.ngram else None)
@@ -164,7 +169,7 @@ class SpeculativeEngine:
         kw = {} if row is None else {"rows": [row]}
         logits, feats = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
         seq.pending = [] if feats is None else [feats]
-        seq.token = self._choose(logits[0, -1], seq.options.sampling, seq.gen)
+        seq.token = self._choose(logits[0, -1], seq, len(seq.prompt))
         if seq.ngram is not None:
             seq.ngram.extend([seq.token])
         seq.start, seq.remaining = len(seq.prompt), seq.options.max_new_tokens - 1
@@ -218,7 +223,7 @@ class SpeculativeEngine:
         if not drafts:
             return None
         ids = torch.tensor(drafts, device=self.target.device)
-        q = None if seq.options.sampling.greedy else one_hot(ids, self.output_size, torch.float32)
+        q = None if seq.gen is None else one_hot(ids, self.output_size, torch.float32)
         return Proposal(ids, q, None, 0.0, source=match)
 
     def _no_draft(self) -> Proposal:
@@ -262,11 +267,17 @@ class SpeculativeEngine:
         t0 = now(self.target.device)
         params, gen = seq.options.sampling, seq.gen
         ids, vocab = self.draft_ids, self.output_size
-        if params.greedy:
-            drafts, q = logits.argmax(-1), None
-        elif params.draft == "greedy":
+        if ids is None and vocab > self.target.vocab_size:  # never draft a padded LM-head column
+            logits = logits.clone()
+            logits[:, self.target.vocab_size:] = float("-inf")
+        q = None
+        if params.greedy or params.draft == "greedy":
             drafts = logits.argmax(-1)
-            q = one_hot(drafts if ids is None else ids[drafts], vocab, torch.float32)
+            if gen is not None:
+                q = one_hot(drafts if ids is None else ids[drafts], vocab, torch.float32)
+        elif gen is None:  # gumbel: the drafter's Gumbel-max choice from the noise the target will use
+            noise = self._noise(seq, seq.start + 1, logits.shape[0])
+            drafts = gumbel_choice(probabilities(logits, params), noise if ids is None else noise[:, ids])
         else:
             q = probabilities(logits, params)
             drafts = sample_index(q, uniforms(logits.shape[0], gen, q.device))
@@ -291,6 +302,10 @@ class SpeculativeEngine:
         seq.stats.target_forwards += 1
         if params.greedy:
             a, bonus = greedy_verify(prop.drafts, logits[: n + 1])
+        elif seq.gen is None:  # gumbel: accept a draft iff it is the target's own choice there
+            choice = gumbel_choice(probabilities(logits[: n + 1], params), self._noise(seq, seq.start + 1, n + 1))
+            a = accepted_prefix(prop.drafts == choice[:n])
+            bonus = int(choice[a].item())
         else:
             p = probabilities(logits[: n + 1], params)
             u = uniforms(n + 1, seq.gen, p.device)
@@ -338,11 +353,27 @@ class SpeculativeEngine:
         if rows > 1 and rows not in policy.batch_cost and isinstance(self.target, FastTarget):
             policy.set_batch_cost(rows, cached_cost_curve(self.target, self.drafter.config.block_size, rows=rows))
 
-    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-        """One token from one row of logits (V,): argmax, or a draw from the truncated distribution."""
+    def _choose(self, logits: torch.Tensor, seq: DecodeState, position: int) -> int:
+        """The token at absolute `position` from one row of logits (V,): argmax, or a draw from the truncated
+        distribution (the gumbel sampler's noise at that position, or the next uniform of the generator)."""
+        params = seq.options.sampling
         if params.greedy:
             return int(logits.argmax().item())
-        return int(sample_index(probabilities(logits, params), uniforms(1, gen, logits.device)[0]).item())
+        probs = probabilities(logits, params)
+        if seq.gen is None:
+            return int(gumbel_choice(probs, self._noise(seq, position, 1)[0]).item())
+        return int(sample_index(probs, uniforms(1, seq.gen, logits.device)[0]).item())
+
+    def _noise(self, seq: DecodeState, first: int, count: int) -> torch.Tensor:
+        """The gumbel sampler's noise rows (count, V) for absolute positions first.., each made once per request
+        (the drafter and the target share them); rows before `first` are dropped."""
+        for old in [k for k in seq.noise if k < first]:
+            del seq.noise[old]
+        missing = [t for t in range(first, first + count) if t not in seq.noise]
+        if missing:
+            rows = gumbel_noise(seq.seed, torch.tensor(missing, device=self.target.device), self.output_size)
+            seq.noise.update(zip(missing, rows))
+        return torch.stack([seq.noise[t] for t in range(first, first + count)])
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         vocab = self.target.vocab_size

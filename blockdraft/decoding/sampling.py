@@ -13,15 +13,21 @@ import torch
 from blockdraft.errors import InvalidArgumentError
 
 DRAFT_MODES = ("sample", "greedy")
+SAMPLERS = ("gumbel", "rejection")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 = greedy. top_k 0 and top_p 1 disable truncation.
 
+    `sampler` (temperature > 0): "gumbel" samples every position by the Gumbel-max trick from noise keyed by
+    (seed, absolute position) and accepts a draft iff it is the target's own choice (`blockdraft.decoding.gumbel`):
+    with a seed the output is exactly plain decoding's with that seed, whatever the drafts were. "rejection"
+    is standard speculative sampling: accept with min(1, p/q), resample from the residual (`acceptance`).
+    Both sample exactly from the (truncated) target distribution.
     `draft`: with temperature > 0, "sample" draws drafts from the drafter's own distribution q (after the
-    same temperature / top-k / top-p) and accepts with min(1, p/q); "greedy" proposes the drafter's argmax
-    (a one-hot q). Both are exact; "sample" usually accepts more.
+    same temperature / top-k / top-p; with the gumbel sampler, from the same noise as the target); "greedy"
+    proposes the drafter's argmax. Both are exact; "sample" usually accepts more.
     """
 
     temperature: float = 0.0
@@ -29,6 +35,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     draft: str = "sample"
+    sampler: str = "rejection"  # the engine-level default; the front ends default to "gumbel" (api.DEFAULT_SAMPLER)
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -42,6 +49,8 @@ class SamplingParams:
             raise InvalidArgumentError(f"seed={self.seed!r}: expected an integer")
         if self.draft not in DRAFT_MODES:
             raise InvalidArgumentError(f"draft={self.draft!r}: expected one of {DRAFT_MODES}")
+        if self.sampler not in SAMPLERS:
+            raise InvalidArgumentError(f"sampler={self.sampler!r}: expected one of {SAMPLERS}")
 
     @property
     def greedy(self) -> bool:
@@ -72,8 +81,8 @@ def sample_index(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     Returns the first index whose cumulative weight exceeds u * total; zero-weight entries are never chosen.
     """
-    cdf = weights.cumsum(-1)
-    target = (u.to(cdf.dtype) * cdf[..., -1])[..., None]
+    cdf = weights.double().cumsum(-1)  # float64, as the uniforms: u near 1 must not round up to the total
+    target = (u.double() * cdf[..., -1])[..., None]
     idx = torch.searchsorted(cdf, target, right=True)[..., 0]
     # u * total can round up to total: then fall back to the last token with positive weight, never a zero one
     vocab = weights.shape[-1]

@@ -68,6 +68,7 @@ def target_summary(folder: str | Path) -> dict[str, Any]:
         "sliding_window": cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
         "parameters": _count(tensor_shapes(folder)) if folder.is_dir() else None,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "rope_theta": cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta"),
         "_tokenizer": tokenizer,
     }
 
@@ -120,6 +121,8 @@ def _drafter_part(target: dict[str, Any], drafter: dict[str, Any], memory: dict[
                         "tokenizer?")
     if ids is not None and len(ids) and int(ids.max()) >= vocab:
         warnings.append(f"draft vocabulary holds token {int(ids.max())}, outside the target vocabulary [0, {vocab})")
+    if target["rope_theta"] and float(target["rope_theta"]) != cfg.rope_theta:
+        warnings.append(f"drafter RoPE base {cfg.rope_theta:g} but the target's is {float(target['rope_theta']):g}")
     if mask in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id):
         warnings.append(f"mask token {mask} is also the target's bos/eos/pad token")
     return {"drafter": d, "problems": pair_problems(cfg, target["hidden_size"], target["num_hidden_layers"], vocab),
@@ -134,7 +137,8 @@ def format_pair(info: dict[str, Any]) -> str:
              f"  {t['architecture']}: {t['num_hidden_layers']} layers, hidden {t['hidden_size']}, "
              f"{t['num_attention_heads']} heads / {t['num_key_value_heads']} KV heads x {t['head_dim']}, vocab "
              f"{t['vocab_size']} (tokenizer {t['tokenizer_size']}), {params}",
-             f"  chat template: {'yes' if t['chat_template'] else 'no'}; sliding window: {t['sliding_window']}"]
+             f"  chat template: {'yes' if t['chat_template'] else 'no'}; sliding window: {t['sliding_window']}; RoPE "
+             f"base {t['rope_theta']}"]
     if "drafter" in info:
         d = info["drafter"]
         vocab = f"{d['draft_vocab']} tokens (draft_vocab.json)" if d["draft_vocab"] else "the target's full vocabulary"

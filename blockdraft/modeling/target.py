@@ -126,7 +126,7 @@ class TargetModel:
         """An empty KV cache; a dynamic cache grows to any batch and length (`rows`, `capacity` are hints)."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.config)
+        return DynamicCache()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: Any, start: int, *, features: bool = True,

@@ -56,3 +56,37 @@ def test_embedding_and_head_are_the_targets_own():
     assert target.embedding.weight is model.get_input_embeddings().weight
     assert target.lm_head.weight.data_ptr() == target.embedding.weight.data_ptr()
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def _sliding_qwen2(window: int | None):
+    import transformers as tf
+
+    cfg = tf.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         use_sliding_window=window is not None, sliding_window=window, max_window_layers=2,
+                         rope_theta=10000.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    return tf.Qwen2ForCausalLM(cfg).double().eval()
+
+
+def test_a_sliding_window_target_decodes_past_its_window_on_the_hf_path():
+    """Speculation rolls the cache back every cycle; sliding-window layers must still give generate()'s tokens
+    once the context is longer than the window (transformers' sliding cache cannot be cropped there)."""
+    from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+    from blockdraft.decoding.stats import GenerationStats
+    from blockdraft.modeling.fast_target import supports_fast_path
+    from tests.conftest import tiny_drafter
+
+    model = _sliding_qwen2(window=8)
+    assert not supports_fast_path(model) and "sliding_attention" in model.config.layer_types
+    prompt = [5, 6, 7, 8, 9]
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)[0, len(prompt):].tolist()
+    full = _sliding_qwen2(window=None)
+    full.load_state_dict(model.state_dict())
+    unwindowed = full.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)[0, len(prompt):].tolist()
+    assert unwindowed != expected  # the window changes the answer: the comparison below sees it
+    target = TargetModel(model)
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=4))
+    for options in (DecodeOptions(max_new_tokens=30), DecodeOptions(max_new_tokens=30, no_draft=True)):
+        stats = GenerationStats(1)
+        assert [t for chunk in engine.decode(prompt, options, stats) for t in chunk] == expected
