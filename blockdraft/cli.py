@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import signal
 import sys
 
@@ -186,10 +187,11 @@ def comparison(fast, plain) -> dict:
                                   min(len(fast.token_ids), len(plain.token_ids)))}
 
 
-def comparison_line(c: dict, temperature: float) -> str:
+def comparison_line(c: dict, temperature: float, sampler: str = DEFAULT_SAMPLER) -> str:
     """'1.62x plain decoding (34.1 vs 21.3 tok/s), output identical'."""
     verdict = "output identical" if c["identical"] else (
-        "outputs differ (sampled: the same distribution, not the same draws)" if temperature > 0
+        "outputs differ (the rejection sampler: the same distribution, other draws)"
+        if temperature > 0 and sampler == "rejection"
         else f"outputs differ after {c['common_prefix']} tokens (a floating-point near-tie between a verify "
              "forward and a one-token step)")
     return (f"{c['speedup']:.2f}x plain decoding ({c['tokens_per_second']:.1f} vs {c['plain_tokens_per_second']:.1f} "
@@ -201,6 +203,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.compare and args.no_draft:
         raise InvalidArgumentError("--compare with --no-draft: expected speculation to compare with plain decoding")
+    if args.compare and args.temperature > 0 and args.seed is None:
+        args.seed = random.randrange(2**31)  # both runs draw with the same seed (gumbel: the same tokens)
     pipe = _load_pipeline(args)
     if args.compare:  # warm both paths up: a process's first calls pay one-off costs
         _generate(pipe, args, False, max_new_tokens=8)
@@ -216,7 +220,7 @@ def run_generate(args: argparse.Namespace) -> int:
         context = out.stats.prompt_tokens + out.stats.new_tokens
         print(f"[memory] {describe(pipe.memory_report(context))}", file=sys.stderr)
     if compared:
-        print(comparison_line(compared, args.temperature), file=sys.stderr)
+        print(comparison_line(compared, args.temperature, args.sampler), file=sys.stderr)
     return 0
 
 

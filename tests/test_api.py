@@ -3,7 +3,8 @@ import torch
 
 from blockdraft.api import Pipeline
 from blockdraft.errors import InvalidArgumentError
-from tests.conftest import tiny_drafter, tiny_pipeline
+from tests.conftest import tiny_drafter, tiny_drafter_config, tiny_pipeline
+from tests.decoding.test_engine import PlantedDrafter
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +37,8 @@ def test_a_closed_stream_stops_generating(pipe):
 
 
 def test_stop_strings_cut_the_text(pipe):
-    # fixed verify lengths: a sampled run repeats token for token only when its cycles do (the adaptive
-    # policy's lengths follow measured timings; its output is the target's distribution, not one realisation)
-    kw = dict(max_new_tokens=40, temperature=1.0, seed=4, stop_token_ids=[], verify="fixed")
+    # the default (gumbel) sampler: a seeded run repeats token for token, whatever the verify lengths
+    kw = dict(max_new_tokens=40, temperature=1.0, seed=4, stop_token_ids=[])
     full = pipe.generate("abc", **kw)
     stop = full.text[10:12]
     assert stop and full.text.find(stop) >= 0
@@ -46,6 +46,35 @@ def test_stop_strings_cut_the_text(pipe):
     assert cut.text == full.text[: full.text.find(stop)] and cut.finish_reason == "stop"
     stream = pipe.stream("abc", stop=[stop], **kw)
     assert "".join(stream) == cut.text
+
+
+def _committed(out) -> int:
+    """Tokens the engine committed for `out`, before a stop string cut them: the first token, each verify
+    cycle's, and one per plain step (the forwards that verified no draft)."""
+    plain_steps = out.stats.target_forwards - 1 - len(out.stats.acceptance_lengths)
+    return 1 + sum(out.stats.acceptance_lengths) + plain_steps
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_stop_strings_cut_token_ids_where_plain_decoding_stops(pipe, temperature):
+    """A cycle can commit tokens past a stop string; token_ids and counts must stop where plain decoding does.
+    The drafter proposes plain decoding's own continuation, so cycles commit whole blocks and most stops
+    fall inside one."""
+    inside = 0
+    for seed in range(3):
+        prompt, kw = f"{seed} abab", dict(max_new_tokens=48, temperature=temperature, seed=seed, stop_token_ids=[])
+        full = pipe.generate(prompt, no_draft=True, **kw)
+        drafter = PlantedDrafter(tiny_drafter_config(pipe.target, block_size=6)).init_weights(1).double()
+        planted = Pipeline(pipe.target, drafter.plant(full.token_ids, len(pipe.encode(prompt)), 0.0))
+        for stop in {full.text[i:i + 2] for i in range(4, 40, 3) if len(full.text[i:i + 2]) == 2}:
+            out = planted.generate(prompt, stop=[stop], verify="fixed", ngram=False, **kw)
+            plain = planted.generate(prompt, stop=[stop], no_draft=True, **kw)
+            assert out.token_ids == plain.token_ids and out.text == plain.text and out.finish_reason == "stop"
+            text_of = lambda ids: pipe.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            assert stop in text_of(out.token_ids) and stop not in text_of(out.token_ids[:-1])
+            assert out.stats.new_tokens == len(out.token_ids)
+            inside += _committed(out) > len(out.token_ids)
+    assert inside >= 10, f"only {inside} stops fell inside a cycle's committed tokens"
 
 
 def test_stop_token_ends_generation(pipe):

@@ -100,8 +100,15 @@ def test_compare_line_says_where_outputs_differ():
     c = {"speedup": 1.5, "tokens_per_second": 30.0, "plain_tokens_per_second": 20.0, "identical": False,
          "common_prefix": 41}
     assert comparison_line(c, 0.0).startswith("1.50x plain decoding (30.0 vs 20.0 tok/s), outputs differ after 41")
-    assert "same distribution" in comparison_line(c, 0.7)
+    assert "near-tie" in comparison_line(c, 0.7, "gumbel")
+    assert "same distribution" in comparison_line(c, 0.7, "rejection")
     assert comparison_line(c | {"identical": True}, 0.7).endswith("output identical")
+
+
+def test_sampled_compare_is_identical_with_the_gumbel_sampler(capsys, tiny_target_dir, drafter_dir):
+    code, _, err = run(capsys, "--target", tiny_target_dir, "--drafter", drafter_dir, "--prompt", "hello",
+                       "--max-new-tokens", 16, "--temperature", 0.9, "--compare")
+    assert code == 0 and err.strip().splitlines()[-1].endswith("output identical")
 
 
 def test_compare_needs_speculation(capsys, tiny_target_dir):

@@ -158,3 +158,11 @@ def test_greedy_verify():
     assert greedy_verify(torch.tensor([1, 2, 2]), logits) == (1, 0)  # mismatch at 2: bonus = target's choice
     assert greedy_verify(torch.tensor([0, 0, 2]), logits) == (0, 1)
     assert greedy_verify(torch.tensor([], dtype=torch.long), logits[:1]) == (0, 1)
+
+
+def test_a_uniform_just_below_one_still_accepts_when_p_equals_q():
+    """u < 1 and p(x) = q(x) must accept; in float32, u >= 1 - 2^-25 rounds to 1.0 and rejected."""
+    q = torch.tensor([[0.3, 0.7]], dtype=torch.float32)
+    p = torch.tensor([[0.3, 0.7], [0.5, 0.5]], dtype=torch.float32)
+    u = torch.tensor([1 - 2.0 ** -30], dtype=torch.float64)
+    assert speculative_verify(torch.tensor([1]), q, p, u, torch.tensor(0.25, dtype=torch.float64))[0] == 1

@@ -279,3 +279,34 @@ def test_looked_up_drafts_keep_the_targets_distribution(sampling_setup):
         looked += stats.lookup_cycles
     assert looked > SAMPLES // 10, "the test must verify looked-up drafts often"
     assert chi_square_pvalue(counts, joint) > 1e-3
+
+
+class PaddedColumnDrafter(Drafter):
+    """A drafter whose favourite token is an LM-head column past the target's embedding (padded heads)."""
+
+    def logits(self, hidden, lm_head):
+        real = super().logits(hidden, lm_head)
+        real[:, -1] = 1e4
+        return real
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(1.0, seed=3, sampler="gumbel"),
+                                      SamplingParams(1.0, seed=3, sampler="rejection")])
+def test_drafts_never_land_on_padded_lm_head_columns(sampling):
+    model = tiny_hf_model("qwen3", vocab=40)
+    head = torch.nn.Linear(model.config.hidden_size, 44, bias=True, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[:40] = model.lm_head.weight
+        head.bias.fill_(-1e9)
+        head.bias[:40] = 0.0  # the target itself never writes a padded column
+    model.lm_head = head
+    target = TargetModel(model)
+    assert target.vocab_size == 40 and target.lm_head.out_features == 44
+    drafter = PaddedColumnDrafter(tiny_drafter_config(target)).init_weights(1).double()
+    engine = SpeculativeEngine(target, drafter)
+    out, stats = decode(engine, [1, 2, 3], max_new_tokens=20, sampling=sampling)
+    plain, _ = decode(SpeculativeEngine(target), [1, 2, 3], max_new_tokens=20, sampling=sampling)
+    assert stats.drafter_forwards > 0 and all(t < 40 for t in out)
+    if sampling.greedy or sampling.sampler == "gumbel":
+        assert out == plain

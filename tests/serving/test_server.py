@@ -119,12 +119,21 @@ def test_harmless_fields_are_ignored(server):
     assert status == 200 and out["choices"][0]["message"] == plain["choices"][0]["message"]
 
 
-def test_sampling_fields_reach_the_pipeline(ref):
-    # fixed verify lengths: a seeded sampled run repeats only when its cycles do (see tests/test_api.py)
-    srv = start(tiny_pipeline("qwen3", seed=2), options={"verify": "fixed"})
+def test_sampling_fields_reach_the_pipeline(server, ref):
+    # the default gumbel sampler: a seeded request is plain decoding's draw with that seed, whatever the cycles
+    params = dict(temperature=1.0, top_p=0.9, top_k=20, seed=7)
+    expected = ref.generate("abc", max_new_tokens=16, no_draft=True, **params)
+    for _ in range(2):
+        status, out = call(server, "/v1/completions", {"prompt": "abc", "max_tokens": 16, **params})
+        assert status == 200 and out["choices"][0]["text"] == expected.text
+
+
+def test_the_rejection_sampler_is_a_server_option(ref):
+    # with it, a seeded sampled run repeats only when its cycles do: fixed verify lengths
+    srv = start(tiny_pipeline("qwen3", seed=2), options={"verify": "fixed", "sampler": "rejection"})
     try:
         params = dict(temperature=1.0, top_p=0.9, top_k=20, seed=7)
-        expected = ref.generate("abc", max_new_tokens=16, verify="fixed", **params)
+        expected = ref.generate("abc", max_new_tokens=16, verify="fixed", sampler="rejection", **params)
         for _ in range(2):
             status, out = call(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 16, **params})
             assert status == 200 and out["choices"][0]["text"] == expected.text
