@@ -39,15 +39,34 @@ def test_training_logits_flex_equal_sdpa_with_memory_features_on_cuda():
     assert torch.allclose(dense, flex, atol=1e-3, rtol=1e-3)
 
 
+def near_tie(model, prompt: list[int], a: list[int], b: list[int], tolerance: float) -> bool:
+    """Whether two greedy outputs first part where the target's two candidates' logits (in fp32, after the common
+    prefix) are within `tolerance`: a near-tie that a verify forward and a one-token step may round apart."""
+    k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    ids = torch.tensor([prompt + a[:k]], device="cuda")
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1].float()
+    return abs(float(logits[a[k]] - logits[b[k]])) <= tolerance
+
+
 @pytest.mark.parametrize("cls", [TargetModel, FastTarget])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_greedy_speculative_equals_plain_on_cuda(arch, cls, dtype):
-    target = cls(tiny_hf_model(arch, dtype=dtype, head_scale=3.0).cuda())
+    """fp32: identical. bf16: identical up to near-ties, which is what is guaranteed: a verify forward and a
+    one-token step round differently, so where the top two logits are within bf16's resolution the argmax
+    may differ; any difference must start at such a tie."""
+    model = tiny_hf_model(arch, dtype=dtype, head_scale=3.0).cuda()
+    target = cls(model)
     engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8).to("cuda", dtype))
     for prompt in prompts(4, seed=2):
         plain, _ = decode(engine, prompt, max_new_tokens=24, no_draft=True)
         for verify in ("fixed", "adaptive"):
-            assert decode(engine, prompt, max_new_tokens=24, verify=verify)[0] == plain
+            out = decode(engine, prompt, max_new_tokens=24, verify=verify)[0]
+            if dtype == torch.float32 or out == plain:
+                assert out == plain
+            else:  # bf16 keeps 8 bits of mantissa: logits of magnitude ~10 resolve to ~0.06
+                reference = tiny_hf_model(arch, dtype=torch.float32, head_scale=3.0).cuda()
+                assert near_tie(reference, prompt, out, plain, tolerance=0.25), (prompt, out, plain)
 
 
 def test_batched_equals_solo_on_cuda():

@@ -17,7 +17,7 @@ import torch
 from blockdraft.decoding.acceptance import accepted_prefix, greedy_verify, one_hot, speculative_verify
 from blockdraft.decoding.adaptive import AdaptiveVerify
 from blockdraft.decoding.costs import cached_cost_curve
-from blockdraft.decoding.gumbel import gumbel_choice, gumbel_noise, new_seed
+from blockdraft.decoding.gumbel import new_seed, race_choice, race_noise
 from blockdraft.decoding.lookup import NgramIndex
 from blockdraft.decoding.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
 from blockdraft.decoding.stats import GenerationStats, now
@@ -50,7 +50,7 @@ class DecodeState:
     pending: list[torch.Tensor] = field(default_factory=list)
     ngram: NgramIndex | None = None         # the committed tokens, for looked-up drafts (options.ngram)
     seed: int | None = None                 # the gumbel sampler's noise key (blockdraft.decoding.gumbel)
-    noise: dict[int, torch.Tensor] = field(default_factory=dict)  # its Gumbel rows (V,) by absolute position
+    noise: dict[int, torch.Tensor] = field(default_factory=dict)  # its noise rows (V,) by absolute position
     done: bool = False
 
     @property
@@ -277,7 +277,7 @@ class SpeculativeEngine:
                 q = one_hot(drafts if ids is None else ids[drafts], vocab, torch.float32)
         elif gen is None:  # gumbel: the drafter's Gumbel-max choice from the noise the target will use
             noise = self._noise(seq, seq.start + 1, logits.shape[0])
-            drafts = gumbel_choice(probabilities(logits, params), noise if ids is None else noise[:, ids])
+            drafts = race_choice(probabilities(logits, params), noise if ids is None else noise[:, ids])
         else:
             q = probabilities(logits, params)
             drafts = sample_index(q, uniforms(logits.shape[0], gen, q.device))
@@ -303,7 +303,7 @@ class SpeculativeEngine:
         if params.greedy:
             a, bonus = greedy_verify(prop.drafts, logits[: n + 1])
         elif seq.gen is None:  # gumbel: accept a draft iff it is the target's own choice there
-            choice = gumbel_choice(probabilities(logits[: n + 1], params), self._noise(seq, seq.start + 1, n + 1))
+            choice = race_choice(probabilities(logits[: n + 1], params), self._noise(seq, seq.start + 1, n + 1))
             a = accepted_prefix(prop.drafts == choice[:n])
             bonus = int(choice[a].item())
         else:
@@ -361,17 +361,17 @@ class SpeculativeEngine:
             return int(logits.argmax().item())
         probs = probabilities(logits, params)
         if seq.gen is None:
-            return int(gumbel_choice(probs, self._noise(seq, position, 1)[0]).item())
+            return int(race_choice(probs, self._noise(seq, position, 1)[0]).item())
         return int(sample_index(probs, uniforms(1, seq.gen, logits.device)[0]).item())
 
     def _noise(self, seq: DecodeState, first: int, count: int) -> torch.Tensor:
-        """The gumbel sampler's noise rows (count, V) for absolute positions first.., each made once per request
+        """The gumbel sampler's noise rows (count, V) for absolute positions first.., each drawn once per request
         (the drafter and the target share them); rows before `first` are dropped."""
         for old in [k for k in seq.noise if k < first]:
             del seq.noise[old]
         missing = [t for t in range(first, first + count) if t not in seq.noise]
         if missing:
-            rows = gumbel_noise(seq.seed, torch.tensor(missing, device=self.target.device), self.output_size)
+            rows = race_noise(seq.seed, missing, self.output_size, self.target.device)
             seq.noise.update(zip(missing, rows))
         return torch.stack([seq.noise[t] for t in range(first, first + count)])
 

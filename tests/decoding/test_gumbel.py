@@ -7,7 +7,7 @@ import torch
 from blockdraft.decoding.adaptive import AdaptiveVerify
 from blockdraft.decoding.batch_engine import BatchEngine
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
-from blockdraft.decoding.gumbel import gumbel_choice, gumbel_noise, noise_uniforms
+from blockdraft.decoding.gumbel import position_key, race_choice, race_noise
 from blockdraft.decoding.sampling import SamplingParams, probabilities
 from blockdraft.decoding.stats import GenerationStats
 from blockdraft.modeling.fast_target import FastTarget
@@ -19,19 +19,33 @@ P = torch.tensor([0.05, 0.3, 0.15, 0.25, 0.1, 0.15], dtype=torch.float64)
 
 def draws(probs: torch.Tensor, seeds: range, position: int = 7) -> np.ndarray:
     """One Gumbel-max draw per seed at one position, as counts per token."""
-    pos = torch.tensor([position])
-    picks = [int(gumbel_choice(probs, gumbel_noise(s, pos, probs.shape[-1])[0])) for s in seeds]
+    picks = [int(race_choice(probs, race_noise(s, [position], probs.shape[-1], "cpu")[0])) for s in seeds]
     return np.bincount(picks, minlength=probs.shape[-1]).astype(float)
 
 
-def test_noise_is_a_pure_function_of_seed_position_and_token():
-    pos = torch.tensor([0, 5, 6, 1_000_000])
-    a, b = noise_uniforms(3, pos, 50), noise_uniforms(3, pos, 50)
-    assert torch.equal(a, b) and a.dtype == torch.float64 and bool(((a > 0) & (a < 1)).all())
-    assert torch.equal(noise_uniforms(3, pos[1:2], 50)[0], a[1])  # a row does not depend on the others asked
-    assert not torch.equal(a[1], a[2]) and not torch.equal(a, noise_uniforms(4, pos, 50))
-    u = noise_uniforms(0, torch.arange(200), 500).flatten().numpy()  # 100K uniforms: flat in 20 bins
+def test_noise_is_a_pure_function_of_seed_and_position():
+    pos = [0, 5, 6, 1_000_000]
+    a, b = race_noise(3, pos, 50, "cpu"), race_noise(3, pos, 50, "cpu")
+    assert torch.equal(a, b) and a.dtype == torch.float64 and bool((a > 0).all())
+    assert torch.equal(race_noise(3, pos[1:2], 50, "cpu")[0], a[1])  # a row does not depend on the others asked
+    assert not torch.equal(a[1], a[2]) and not torch.equal(a, race_noise(4, pos, 50, "cpu"))
+    assert len({position_key(s, t) for s in range(30) for t in range(300)}) == 30 * 300
+    e = race_noise(0, list(range(200)), 500, "cpu").flatten()  # 100K exponentials: exp(-E) is flat in 20 bins
+    u = torch.exp(-e).numpy()
     assert chi_square_pvalue(np.histogram(u, bins=20, range=(0, 1))[0].astype(float), np.full(20, 0.05)) > 1e-3
+
+
+def test_the_tensor_hash_is_splitmix64():
+    """The int64 tensor arithmetic (wrapping products, logical shifts) computes splitmix64's stream exactly."""
+    from blockdraft.decoding.gumbel import _GOLDEN, _MASK, _splitmix64
+
+    noise = race_noise(11, [3, 2**40], 1000, "cpu")
+    for row, position in enumerate([3, 2**40]):
+        key = position_key(11, position)
+        for x in (0, 1, 500, 999):
+            word = _splitmix64((key + (x + 1) * _GOLDEN) & _MASK)
+            u = ((word >> 11) + 0.5) * 2.0 ** -53
+            assert float(noise[row, x]) == pytest.approx(-np.log(u), rel=1e-14)
 
 
 def test_the_gumbel_max_draw_has_the_exact_distribution():
@@ -41,7 +55,7 @@ def test_the_gumbel_max_draw_has_the_exact_distribution():
 def test_draws_at_two_positions_are_independent():
     picks = np.zeros((6, 6))
     for s in range(12_000):
-        a, b = gumbel_choice(P.expand(2, -1), gumbel_noise(s, torch.tensor([10, 11]), 6)).tolist()
+        a, b = race_choice(P.expand(2, -1), race_noise(s, [10, 11], 6, "cpu")).tolist()
         picks[a, b] += 1
     assert chi_square_pvalue(picks, np.outer(P, P)) > 1e-3
 
