@@ -31,7 +31,9 @@ from blockdraft.modeling.target import TargetModel
 log = logging.getLogger(__name__)
 
 Messages = Sequence[dict[str, str]]
-DEFAULT_SAMPLER = "gumbel"  # with a seed, exactly plain decoding's tokens (blockdraft.decoding.gumbel)
+# with a seed, the gumbel sampler (exactly plain decoding's tokens, blockdraft.decoding.gumbel); without one, the
+# rejection rule, which accepts more drafts at T >= 1 (docs/figures/sampler-v1)
+DEFAULT_SAMPLER = "auto"
 
 
 @dataclass
@@ -187,8 +189,9 @@ class Pipeline:
     def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationOutput:
         """Generate text. Keywords as `stream`: chat/messages, max_new_tokens, temperature, top_k, top_p,
         seed, block_size, no_draft, stop (strings), stop_token_ids, draft ("sample"|"greedy"), sampler
-        ("gumbel", the default: with a seed, exactly the tokens plain decoding gives with that seed;
-        "rejection": the min(1, p/q) rule; both sample the target's distribution exactly),
+        ("auto", the default: "gumbel" when a seed is given, else "rejection"; "gumbel": with a seed, exactly the
+        tokens plain decoding gives with that seed; "rejection": the min(1, p/q) rule; all sample the target's
+        distribution exactly),
         verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.decoding.adaptive;
         "fixed": the whole block), ngram (True, the default: also draft by looking the context up in the cycles
         where that should commit more, see blockdraft.decoding.lookup; False: the drafter's drafts only)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from blockdraft.bench.runner import BenchSettings
+from blockdraft.bench.runner import BenchSettings, resolved_sampler
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "hf_prompt_lookup (docs/bench.md); default dflash_ngram (what generate does by default: the "
                         "drafter with looked-up drafts), no_draft, hf_generate")
     p.add_argument("--sampler", default=",".join(BenchSettings.samplers),
-                   help="samplers at T > 0, comma-separated: gumbel (default, as generate), rejection; several run "
-                        "every DFlash method once per sampler, side by side (names get a +SAMPLER suffix)")
+                   help="samplers at T > 0, comma-separated: auto (default, as generate: the runs are seeded to "
+                        "repeat, but auto measures what an unseeded request gets, rejection), gumbel, rejection; "
+                        "several run every DFlash method once per sampler, side by side (names get a +SAMPLER suffix)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10,
                    help="draft length of the hf_prompt_lookup baseline (default 10)")
     p.add_argument("--thinking", choices=("on", "off", "default"), default="default",
@@ -130,7 +131,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     log.warning("bench: %s", settings_line(settings))
     methods, records = run_bench(pipe, prompts, settings)
     result = _header(args, pipe, prompts, methods, settings) | {
-        "summaries": summaries(records, methods, greedy=args.temperature == 0),
+        "summaries": summaries(records, methods, compared_methods(methods, settings)),
         "records": [r.to_dict() for r in records],
     }
     result["memory"] = pipe.memory_report(max(r.prompt_tokens + r.new_tokens for r in records))
@@ -143,6 +144,16 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
     result["plots"] = [p.name for p in plots(result, out)]
     return result
+
+
+def compared_methods(methods: list[str], settings: Any) -> list[str]:
+    """Methods whose output must be plain decoding's token for token: all at T = 0; at T > 0 those sampling
+    with the gumbel sampler (seeded: the bench gives every method the same seed per prompt) when no_draft
+    does too."""
+    if settings.temperature == 0:
+        return methods
+    gumbel = lambda m: resolved_sampler(m.partition("+")[2] or settings.samplers[0]) == "gumbel"  # noqa: E731
+    return [m for m in methods if gumbel(m) and gumbel("no_draft") and not m.startswith("hf_")]
 
 
 def settings_line(settings: Any) -> str:

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 from statistics import mean, median
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
@@ -88,17 +88,19 @@ def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = 
     return out
 
 
-def summaries(records: list[Record], methods: list[str], greedy: bool) -> dict[str, dict[str, dict[str, Any]]]:
-    """{dataset or 'overall': {method: summary}}, with speed-ups over each baseline filled in."""
-    reference = {(r.dataset, r.prompt_id, r.turn): r.token_ids for r in records if r.method == "no_draft"} \
-        if greedy else None
+def summaries(records: list[Record], methods: list[str], compared: Collection[str] = ()
+              ) -> dict[str, dict[str, dict[str, Any]]]:
+    """{dataset or 'overall': {method: summary}}, with speed-ups over each baseline filled in; the `compared`
+    methods also count the generations identical to no_draft's, token for token (greedy runs; seeded gumbel
+    sampling)."""
+    reference = {(r.dataset, r.prompt_id, r.turn): r.token_ids for r in records if r.method == "no_draft"}
     groups: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         groups[r.dataset].append(r)
     groups[OVERALL] = list(records)
     result: dict[str, dict[str, dict[str, Any]]] = {}
     for name, recs in groups.items():
-        table = {m: summarize([r for r in recs if r.method == m], reference)
+        table = {m: summarize([r for r in recs if r.method == m], reference if m in compared else None)
                  for m in methods if any(r.method == m for r in recs)}
         for m, row in table.items():
             row["speedup"] = {b: speedup(row["tokens_per_second"], table[b]["tokens_per_second"])

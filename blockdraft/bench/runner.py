@@ -112,6 +112,12 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
     return names
 
 
+def resolved_sampler(sampler: str) -> str:
+    """The sampler a run uses. Every bench run is seeded (so it repeats), but "auto" measures what a request
+    without a seed gets: the rejection rule."""
+    return "rejection" if sampler == "auto" else sampler
+
+
 def _sampler_suffixes(settings: BenchSettings) -> list[str]:
     bad = [x for x in settings.samplers if x not in SAMPLERS]
     if bad or not settings.samplers:
@@ -191,9 +197,9 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
 def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -> DecodeOptions:
     method, _, sampler = method.partition("+")
     block = int(method.split("-")[1][1:]) if method.startswith("dflash-b") else None
+    sampling = SamplingParams(s.temperature, 0, s.top_p, seed, sampler=resolved_sampler(sampler or s.samplers[0]))
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
-                         stop_token_ids=stops,
-                         sampling=SamplingParams(s.temperature, 0, s.top_p, seed, sampler=sampler or s.samplers[0]),
+                         stop_token_ids=stops, sampling=sampling,
                          verify="adaptive" if "-adaptive" in method else "fixed", ngram=method.endswith("-ngram"))
 
 

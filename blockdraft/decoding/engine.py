@@ -152,7 +152,7 @@ class SpeculativeEngine:
         block = self.block_size(options)
         params = options.sampling
         speculative = block > 1
-        gumbel = not params.greedy and params.sampler == "gumbel"
+        gumbel = params.gumbel
         stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
         return DecodeState(
             prompt=list(prompt_ids), options=options, stats=stats, block=block,

@@ -13,14 +13,15 @@ import torch
 from blockdraft.errors import InvalidArgumentError
 
 DRAFT_MODES = ("sample", "greedy")
-SAMPLERS = ("gumbel", "rejection")
+SAMPLERS = ("auto", "gumbel", "rejection")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 = greedy. top_k 0 and top_p 1 disable truncation.
 
-    `sampler` (temperature > 0): "gumbel" samples every position by the Gumbel-max trick from noise keyed by
+    `sampler` (temperature > 0): "auto" is "gumbel" for a request with a seed and "rejection" without one.
+    "gumbel" samples every position by the Gumbel-max trick from noise keyed by
     (seed, absolute position) and accepts a draft iff it is the target's own choice (`blockdraft.decoding.gumbel`):
     with a seed the output is exactly plain decoding's with that seed, whatever the drafts were. "rejection"
     is standard speculative sampling: accept with min(1, p/q), resample from the residual (`acceptance`).
@@ -35,7 +36,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     draft: str = "sample"
-    sampler: str = "rejection"  # the engine-level default; the front ends default to "gumbel" (api.DEFAULT_SAMPLER)
+    sampler: str = "rejection"  # the engine-level default; the front ends default to "auto" (api.DEFAULT_SAMPLER)
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -55,6 +56,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def gumbel(self) -> bool:
+        """Whether sampling uses the gumbel sampler: asked for, or "auto" with a seed to keep."""
+        return not self.greedy and (self.sampler == "gumbel" or (self.sampler == "auto" and self.seed is not None))
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -92,3 +92,15 @@ def test_bench_rejects_bad_arguments(tiny_target_dir, tmp_path, capsys):
     assert "dataset 'nope'" in capsys.readouterr().err
     assert main(["bench", "--target", str(tiny_target_dir), "--max-new-tokens", "0", "--out", str(tmp_path)]) == 2
     assert "max_new_tokens=0" in capsys.readouterr().err
+
+
+def test_which_methods_must_match_plain_decoding_token_for_token():
+    from blockdraft.bench.command import compared_methods
+    from blockdraft.bench.runner import BenchSettings
+
+    names = ["dflash-b4+gumbel", "dflash-b4+rejection", "no_draft", "hf_generate"]
+    assert compared_methods(names, BenchSettings(temperature=0.0)) == names  # greedy: all of them
+    hot = BenchSettings(temperature=0.7, samplers=("gumbel", "rejection"))
+    assert compared_methods(names, hot) == ["dflash-b4+gumbel", "no_draft"]  # seeded gumbel draws are plain's
+    assert compared_methods(["dflash-b4", "no_draft"], BenchSettings(temperature=0.7, samplers=("rejection",))) == []
+    assert compared_methods(["dflash-b4", "no_draft"], BenchSettings(temperature=0.7)) == []  # auto: unseeded

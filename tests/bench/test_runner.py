@@ -32,7 +32,7 @@ def test_every_method_runs_every_turn_and_greedy_outputs_agree(pipe):
                        "no_draft", "hf_generate", "hf_prompt_lookup"]
     assert len(records) == 3 * len(methods)  # prompt a has 2 turns, b has 1
     assert [(r.prompt_id, r.turn) for r in records[:: len(methods)]] == [("a", 1), ("a", 2), ("b", 1)]
-    table = summaries(records, methods, greedy=True)
+    table = summaries(records, methods, methods)
     for m in methods:  # lossless: every method reproduces our plain greedy output, HF's included
         assert table["overall"][m]["identical_to_no_draft"] == table["overall"][m]["compared"] == 3
     b6 = table["overall"]["dflash-b6"]
@@ -54,7 +54,7 @@ def test_the_full_vocabulary_variant_runs_beside_the_draft_vocabulary():
     methods, records = run_bench(pipe, PROMPTS, s, progress=False)
     assert methods == ["dflash-b6", "dflash-b6-adaptive", "dflash-b6-fullvocab", "dflash-b6-adaptive-fullvocab",
                        "no_draft"]
-    table = summaries(records, methods, greedy=True)["overall"]
+    table = summaries(records, methods, methods)["overall"]
     assert all(table[m]["identical_to_no_draft"] == table[m]["compared"] == 2 for m in methods)
     full = [r for r in records if r.method == "dflash-b6-fullvocab"]
     assert _engine(pipe, "dflash-b6-fullvocab").draft_ids is None and pipe.engine.draft_ids is not None
@@ -119,7 +119,7 @@ def test_cost_accounting_counts_the_plain_steps_of_an_adaptive_run():
 def test_markdown_and_plots_from_a_result(tmp_path):
     recs = [_rec("p", 1, [4, 2], [1]), _rec("p", 1, [], [1], method="no_draft")]
     recs[1].block_size = 1
-    result = {"summaries": summaries(recs, ["dflash-b4", "no_draft"], greedy=True),
+    result = {"summaries": summaries(recs, ["dflash-b4", "no_draft"], ["dflash-b4", "no_draft"]),
               "cost": {"context_tokens": 50, "verify_cost_ratio": {"1": 1.0, "4": 1.5},
                        "methods": {"dflash-b4": {"verify_tokens": 4, "break_even_acceptance": 1.6,
                                                  "predicted_speedup": 1.9, "measured_speedup": 1.0,
