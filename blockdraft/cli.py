@@ -13,6 +13,7 @@ from blockdraft.bench.command import add_parser as add_bench_parser
 from blockdraft.bench.command import run_bench_command
 from blockdraft.decoding.sampling import SAMPLERS
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
+from blockdraft.modeling.export import ENGINES
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 from blockdraft.train.command import add_parsers as add_training_parsers
 from blockdraft.train.command import run_data, run_train
@@ -44,8 +45,9 @@ def _decoding_arguments(p: argparse.ArgumentParser) -> None:
                    help="adaptive (default): verify only the draft prefix worth its cost on this device (cost curve "
                         "measured once and cached); fixed: verify every draft of the block")
     p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
-                   help="with temperature > 0: gumbel (default; with --seed, exactly the tokens plain decoding gives "
-                        "with that seed) or rejection (the min(1, p/q) rule); both sample the target exactly")
+                   help="with temperature > 0: auto (default: gumbel with --seed, rejection without), gumbel (with "
+                        "--seed, exactly the tokens plain decoding gives with that seed) or rejection (the min(1, "
+                        "p/q) rule, which accepts more drafts); all sample the target exactly")
     p.add_argument("--no-ngram", dest="ngram", action="store_false",
                    help="draft with the drafter only (default: also look the context up, prompt-lookup style, in the "
                         "cycles where that should commit more; lossless either way)")
@@ -96,7 +98,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a drafter folder in the published format (e.g. bf16 for vLLM / SGLang)")
+    p = sub.add_parser("export", help="write a drafter folder that vLLM and SGLang load as it is (docs/export.md)")
     p.add_argument("--drafter", required=True, help="drafter folder (ours or z-lab)")
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
@@ -105,22 +107,46 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
                    help="give the drafter its own vocabulary: the K tokens the target writes most often in --data "
                         "(blockdraft.modeling.draft_vocab); 0 removes one")
     p.add_argument("--data", default=None, help="regenerated data folder for --draft-vocab (its train split)")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="the target whose tokenizer reads --data")
+    p.add_argument("--target", default=None,
+                   help="the target the drafter was trained on: its tokenizer gives the mask token's string and "
+                        "reads --data, and the folder records it (default: the one the drafter records, else "
+                        f"{DEFAULT_TARGET})")
+    p.add_argument("--serve-command", choices=ENGINES, default=None,
+                   help="then print the command that serves the pair on this engine (method, draft folder, number of "
+                        "draft tokens, attention backend), with a warning when it serves another target")
+    p.add_argument("--serve-target", default=None,
+                   help="the target the printed command serves (default: the training target; an embedded id or a "
+                        ".gguf file becomes its converted fp32 folder)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="GPUs the printed command splits the pair over (vLLM --tensor-parallel-size, SGLang --tp-size; "
+                        "default 1)")
 
 
 def run_export(args: argparse.Namespace) -> int:
     import torch
 
     from blockdraft.modeling.checkpoint import load_drafter, save_drafter
+    from blockdraft.modeling.export import export_target, serving, stamp, warn_engine_problems
 
     drafter = load_drafter(args.drafter)
+    target = export_target(drafter.config, args.target)
     if args.draft_vocab is not None:
-        drafter.draft_vocab = _draft_vocab(args) if args.draft_vocab else None
+        drafter.draft_vocab = _draft_vocab(args, target[0] if target else DEFAULT_TARGET) if args.draft_vocab else None
+    if target is not None:
+        stamp(drafter.config, *target)
+    command = None
+    if args.serve_command:  # checked before writing: a pair the engine cannot run leaves no folder behind
+        command = serving(drafter.config, args.out, args.serve_command, args.serve_target, args.tensor_parallel,
+                          args.dtype)
+    else:
+        warn_engine_problems(drafter.config, None if target is None else target[1])
     print(save_drafter(drafter, args.out, dtype=getattr(torch, args.dtype), metadata={"source": str(args.drafter)}))
+    if command:
+        print(command)
     return 0
 
 
-def _draft_vocab(args: argparse.Namespace):
+def _draft_vocab(args: argparse.Namespace, target: str):
     from transformers import AutoTokenizer
 
     from blockdraft.modeling.draft_vocab import frequent_tokens
@@ -129,7 +155,7 @@ def _draft_vocab(args: argparse.Namespace):
 
     if not args.data:
         raise InvalidArgumentError("--draft-vocab needs --data: the regenerated answers whose tokens it counts")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_target(args.target))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_target(target))
     sequences = load_sequences(args.data, "train", tokenizer, max_len=1 << 20)
     ids, coverage = frequent_tokens((s.input_ids[s.loss_mask] for s in sequences), args.draft_vocab)
     log.warning("draft vocabulary: %d tokens covering %.2f%% of the %d answers' tokens", ids.numel(), 100 * coverage,

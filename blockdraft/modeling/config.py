@@ -14,7 +14,13 @@ _FIXED = {"hidden_act": "silu", "attention_dropout": 0.0}
 _ROPE_TYPES = ("default", "linear", "llama3")
 # config.json keys we read into named fields; anything else is kept verbatim in `extra` for round trips.
 _DFLASH_KEYS = ("mask_token_id", "target_layer_ids", "input_embedding_scale", "output_multiplier",
-                "final_logit_softcapping")
+                "final_logit_softcapping", "mask_token")
+
+
+def _rope_type(scaling: dict[str, Any] | None) -> str:
+    """'default', 'linear', ... from a rope_scaling dict in either spelling (`rope_type` or the older `type`)."""
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -61,6 +67,7 @@ class DrafterConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    mask_token: str | None = None  # the mask id's string in the target's tokenizer (older SGLang looks it up)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -95,8 +102,16 @@ class DrafterConfig:
                 need(t in LAYER_TYPES, f"layer_types has {t!r}, expected one of {LAYER_TYPES}")
         need(self.sliding_window is None or (isinstance(self.sliding_window, int) and self.sliding_window >= 1),
              f"sliding_window={self.sliding_window!r}, expected a positive integer or null")
-        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
+        need(self.mask_token is None or (isinstance(self.mask_token, str) and self.mask_token != ""),
+             f"mask_token={self.mask_token!r}, expected a non-empty string or null")
+        rope_type = _rope_type(self.rope_scaling)
         need(rope_type in _ROPE_TYPES, f"rope_scaling type {rope_type!r} is not supported, expected one of {_ROPE_TYPES}")
+
+    @property
+    def rope_parameters(self) -> dict[str, Any]:
+        """RoPE as transformers v5 spells it: one dict with `rope_type`, `rope_theta` and the scaling fields."""
+        scaling = {k: v for k, v in (self.rope_scaling or {}).items() if k != "type"}
+        return {**scaling, "rope_type": _rope_type(self.rope_scaling), "rope_theta": self.rope_theta}
 
     @property
     def num_features(self) -> int:
@@ -172,6 +187,10 @@ class DrafterConfig:
         if "block_size" not in values and "block_size" in dflash:
             values["block_size"] = dflash["block_size"]
         rope = d.get("rope_parameters") or {}  # transformers v5 layout
+        if values.get("rope_theta") is not None and rope.get("rope_theta") is not None \
+                and float(values["rope_theta"]) != float(rope["rope_theta"]):
+            raise CheckpointError(f"config.json rope_theta={values['rope_theta']} but rope_parameters.rope_theta="
+                                  f"{rope['rope_theta']}: engines read one or the other, expected one value")
         if "rope_theta" not in values and "rope_theta" in rope:
             values["rope_theta"] = rope["rope_theta"]
         if not values.get("rope_scaling") and rope.get("rope_type", "default") != "default":
@@ -199,15 +218,19 @@ class DrafterConfig:
             raise CheckpointError(f"config.json: {e}") from e
 
     def to_dict(self) -> dict[str, Any]:
-        """The published layout: Qwen3 fields, top-level `block_size`, and `dflash_config`."""
+        """The published layout: Qwen3 fields, top-level `block_size`, and `dflash_config`.
+
+        The RoPE base is written both ways, top-level `rope_theta` (transformers v4, older SGLang drafts) and
+        `rope_parameters` (transformers v5, vLLM): a reader missing its spelling would use its default (1e6)."""
         d = asdict(self)
         extra = d.pop("extra")
         dflash = {k: d.pop(k) for k in _DFLASH_KEYS}
         for k in ("input_embedding_scale", "output_multiplier"):
             if dflash[k] == 1.0:
                 del dflash[k]
-        if dflash["final_logit_softcapping"] is None:
-            del dflash["final_logit_softcapping"]
+        for k in ("final_logit_softcapping", "mask_token"):
+            if dflash[k] is None:
+                del dflash[k]
         if d["is_causal"] is None:
             del d["is_causal"]
         dflash.update({k.split(".", 1)[1]: v for k, v in extra.items() if k.startswith("dflash_config.")})
@@ -215,6 +238,7 @@ class DrafterConfig:
         out.update(d)
         out.update(_FIXED)
         out["use_sliding_window"] = self.sliding_window is not None  # HF/vLLM/SGLang drop the window otherwise
+        out["rope_parameters"] = self.rope_parameters
         out.update({k: v for k, v in extra.items() if not k.startswith("dflash_config.")})
         out["dflash_config"] = dflash
         return out

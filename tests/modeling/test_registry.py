@@ -53,10 +53,12 @@ def test_default_target_speculative_greedy_equals_plain_greedy():
     answer = pipe.generate(chat="What is the capital of France?", max_new_tokens=20)
     assert answer.text == "The capital of France is Paris."
     for chat in ("Write a haiku about the sea.", "List three prime numbers."):
-        spec = pipe.generate(chat=chat, max_new_tokens=48)
         plain = pipe.generate(chat=chat, max_new_tokens=48, no_draft=True)
-        assert spec.token_ids == plain.token_ids
-        assert spec.stats.drafter_forwards > 0 and plain.stats.drafter_forwards == 0
+        spec = pipe.generate(chat=chat, max_new_tokens=48)  # the default: adaptive (may decode plainly), lookups
+        fixed = pipe.generate(chat=chat, max_new_tokens=48, verify="fixed", ngram=False)  # always drafts
+        assert spec.token_ids == plain.token_ids == fixed.token_ids
+        # how often the adaptive policy drafts follows measured timings (a loaded machine: rarely), fixed always
+        assert fixed.stats.drafter_forwards > 0 and plain.stats.drafter_forwards == 0
 
 
 def test_shipped_drafters_have_a_model_card_and_load_for_their_target():
