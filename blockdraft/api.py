@@ -48,6 +48,14 @@ class GenerationOutput:
                 "stats": self.stats.to_dict()}
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request: prompt token ids, engine options, stop strings (`Pipeline.prepare`)."""
+    prompt_ids: list[int]
+    options: DecodeOptions
+    stop: tuple[str, ...]
+
+
 class TextStream:
     """Iterator of text deltas; `.output` holds the full GenerationOutput once it is exhausted."""
 
@@ -166,13 +174,13 @@ class Pipeline:
         return tuple(sorted(ids))
 
     # ------------------------------------------------------------------ generate
-    def stream(self, prompt: str | None = None, *, chat: str | None = None, messages: Messages | None = None,
-               max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
-               stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
-               verify: str = "adaptive", ngram: bool = True, sampler: str = DEFAULT_SAMPLER,
-               chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
-        """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
+    def prepare(self, prompt: str | None = None, *, chat: str | None = None, messages: Messages | None = None,
+                max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
+                stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
+                verify: str = "adaptive", ngram: bool = True, sampler: str = DEFAULT_SAMPLER,
+                chat_template_kwargs: dict[str, Any] | None = None) -> Prepared:
+        """A request as token ids and engine options, every value checked (`stream`'s keywords)."""
         ids = self.encode(prompt, chat, messages, chat_template_kwargs)
         stops = tuple(self.stop_token_ids() if stop_token_ids is None else stop_token_ids)
         options = DecodeOptions(max_new_tokens=max_new_tokens, block_size=block_size, no_draft=no_draft,
@@ -182,8 +190,13 @@ class Pipeline:
         if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
             raise InvalidArgumentError(f"stop={stop!r}: expected a list of non-empty strings")
         self.engine.block_size(options)  # validate before the first token
+        return Prepared(ids, options, tuple(stop))
+
+    def stream(self, prompt: str | None = None, **kwargs: Any) -> TextStream:
+        """Like `generate`, as an iterator of text deltas (`.output` is set when it ends)."""
+        request = self.prepare(prompt, **kwargs)
         stream = TextStream(iter(()))
-        stream._deltas = self._deltas(ids, options, tuple(stop), stream)
+        stream._deltas = self._deltas(request.prompt_ids, request.options, request.stop, stream)
         return stream
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationOutput:
@@ -229,41 +242,80 @@ class Pipeline:
     def _deltas(self, prompt_ids: list[int], options: DecodeOptions, stop: tuple[str, ...],
                 stream: TextStream) -> Iterator[str]:
         stats = GenerationStats(block_size=1)
-        tokens: list[int] = []
-        emitted = 0
-        holdback = max((len(s) for s in stop), default=1) - 1
-        finish = "length"
+        text = TextAssembler(self.tokenizer, stop, options.stop_token_ids)
         for committed in self.engine.decode(prompt_ids, options, stats):
-            tokens.extend(committed)
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            cut = _find_stop(text, stop, max(emitted - holdback, 0))
-            if cut is not None:  # keep the tokens plain decoding would have: up to the one completing the stop
-                tokens = self._until_stop(tokens, len(tokens) - len(committed), stop)
-                stats.new_tokens = len(tokens)
-                text, finish = text[:cut], "stop"
-            elif committed[-1] in options.stop_token_ids:
-                finish = "stop"
-            safe = len(text) if finish == "stop" else _stable_length(text, holdback)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-            if finish == "stop":
+            delta = text.feed(committed)
+            if delta:
+                yield delta
+            if text.finish_reason == "stop":
                 break
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        cut = _find_stop(text, stop, 0)
-        text = text[:cut] if cut is not None else text
-        if len(text) > emitted:
-            yield text[emitted:]
-        stream.output = GenerationOutput(text=text, token_ids=tokens, stats=stats, finish_reason=finish)
+        delta = text.close()
+        if delta:
+            yield delta
+        stats.new_tokens = len(text.tokens)
+        stream.output = text.output(stats)
 
 
-    def _until_stop(self, tokens: list[int], done: int, stops: tuple[str, ...]) -> list[int]:
-        """The shortest prefix of `tokens` longer than `done` whose text holds a stop string (one cycle can commit
-        several tokens past it; plain decoding stops at the token that completes it)."""
-        for end in range(done + 1, len(tokens) + 1):
-            if _find_stop(self.tokenizer.decode(tokens[:end], skip_special_tokens=True), stops, 0) is not None:
-                return tokens[:end]
-        return tokens
+class TextAssembler:
+    """Committed tokens -> text deltas for one request, as plain decoding would end it.
+
+    `feed` each cycle's tokens and show what it returns; it holds back text that a stop string or an
+    unfinished UTF-8 character could still change. At the first stop string the text is cut before it and
+    `tokens` keep plain decoding's: up to the one that completed it (a cycle can commit several past it);
+    a stop token ends it too (`finish_reason` "stop"). `close` returns the rest.
+    """
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = ()) -> None:
+        self.tokenizer, self.stop, self.stop_ids = tokenizer, tuple(stop), set(stop_token_ids)
+        self.tokens: list[int] = []
+        self.finish_reason = "length"
+        self._holdback = max((len(s) for s in self.stop), default=1) - 1
+        self._text, self._emitted = "", 0
+
+    def feed(self, committed: list[int]) -> str:
+        if self.finish_reason == "stop":
+            return ""
+        self.tokens.extend(committed)
+        text = self._decode(self.tokens)
+        cut = _find_stop(text, self.stop, max(self._emitted - self._holdback, 0))
+        if cut is not None:  # keep the tokens plain decoding would have: up to the one completing the stop
+            self.tokens = self._until_stop(len(self.tokens) - len(committed))
+            text, self.finish_reason = text[:cut], "stop"
+        elif committed and committed[-1] in self.stop_ids:
+            self.finish_reason = "stop"
+        self._text = text
+        safe = len(text) if self.finish_reason == "stop" else _stable_length(text, self._holdback)
+        return self._take(safe)
+
+    def close(self) -> str:
+        """The text not shown yet (a held-back tail), once decoding has ended."""
+        if self.finish_reason != "stop":
+            cut = _find_stop(self._text, self.stop, 0)
+            self._text = self._text[:cut] if cut is not None else self._text
+        return self._take(len(self._text))
+
+    @property
+    def text(self) -> str:
+        return self._text[: self._emitted]
+
+    def output(self, stats: GenerationStats) -> GenerationOutput:
+        return GenerationOutput(text=self.text, token_ids=self.tokens, stats=stats, finish_reason=self.finish_reason)
+
+    def _take(self, upto: int) -> str:
+        if upto <= self._emitted:
+            return ""
+        delta, self._emitted = self._text[self._emitted:upto], upto
+        return delta
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _until_stop(self, done: int) -> list[int]:
+        """The shortest prefix of `tokens` longer than `done` whose text holds a stop string."""
+        for end in range(done + 1, len(self.tokens) + 1):
+            if _find_stop(self._decode(self.tokens[:end]), self.stop, 0) is not None:
+                return self.tokens[:end]
+        return self.tokens
 
 
 def _find_stop(text: str, stops: tuple[str, ...], since: int) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -15,6 +16,8 @@ from blockdraft.decoding.sampling import SAMPLERS
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
 from blockdraft.modeling.export import ENGINES
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
+from blockdraft.serving.scheduler import (DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN,
+                                          DEFAULT_MAX_QUEUE, DEFAULT_PREFILL_CHUNK)
 from blockdraft.train.command import add_parsers as add_training_parsers
 from blockdraft.train.command import run_data, run_train
 
@@ -87,14 +90,31 @@ def _info_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions); "
-                                     "requests run one at a time, in arrival order (docs/serve.md)")
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /metrics) "
+                                     "with continuous batching across requests (docs/serve.md)")
     _model_arguments(p)
     _decoding_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests that may wait behind the running one; more are answered 503 (default 64)")
+    p.add_argument("--api-key", default=os.environ.get("BLOCKDRAFT_API_KEY"),
+                   help="answer /v1/* only with the header 'Authorization: Bearer KEY' (default: $BLOCKDRAFT_API_KEY; "
+                        "none: no check)")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                   help=f"cache rows: requests decoding together (default {DEFAULT_MAX_BATCH}; 1 = one request at a "
+                        "time, in arrival order)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help=f"tokens per row, prompt + answer (default {DEFAULT_MAX_MODEL_LEN} or the target's context if "
+                        "smaller); longer requests get a 400")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help=f"requests that may wait for a row; more get a 429 with Retry-After (default {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
+                   help="a request that waited this long for a row gets a 503 (default: no limit)")
+    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT, metavar="SECONDS",
+                   help="on SIGTERM / Ctrl-C, how long admitted requests may take to finish before they are "
+                        f"cancelled (default {DEFAULT_DRAIN_TIMEOUT:g})")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                   help="prompt tokens prefilled between two decode cycles: a long prompt never freezes running "
+                        f"streams for longer (default {DEFAULT_PREFILL_CHUNK})")
 
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
@@ -251,22 +271,27 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Serve until Ctrl-C or SIGTERM, then close the socket and stop the worker (the running request is cut)."""
+    """Serve until SIGTERM or Ctrl-C, then drain: admitted requests finish (up to --drain-timeout), then close."""
     from blockdraft.serving.server import BlockdraftServer
 
     pipe = _load_pipeline(args)
     try:
-        server = BlockdraftServer(pipe, (args.host, args.port), model_id=args.target, max_queue=args.max_queue,
-                                  options=_decoding_options(args), worker_thread=False)
+        server = BlockdraftServer(pipe, (args.host, args.port), model_id=args.target, api_key=args.api_key,
+                                  max_batch=args.max_batch, max_model_len=args.max_model_len,
+                                  max_queue=args.max_queue, max_queue_wait=args.max_queue_wait,
+                                  drain_timeout=args.drain_timeout, prefill_chunk=args.prefill_chunk,
+                                  options=_decoding_options(args))
     except OSError as exc:
         raise BlockdraftError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
-    with server:
-        try:
-            print(f"blockdraft: serving {args.target} at {server.url}/v1 (one request at a time, up to "
-                  f"{args.max_queue} queued); Ctrl-C stops", file=sys.stderr, flush=True)
-            server.serve_here()  # the model runs on this (the main) thread: see blockdraft.serving.server.Worker
-        except KeyboardInterrupt:
-            print("blockdraft: shutting down", file=sys.stderr, flush=True)
+    if args.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"blockdraft: WARNING: listening on {args.host} without an API key: anyone who can reach it can use "
+              "it (--api-key or BLOCKDRAFT_API_KEY)", file=sys.stderr, flush=True)
+    print(f"blockdraft: {server.describe()}", file=sys.stderr, flush=True)
+    print(f"blockdraft: serving {args.target} at {server.url}/v1 ({args.max_batch} rows, up to {args.max_queue} "
+          f"queued{', API key required' if args.api_key else ''}); Ctrl-C or SIGTERM drains and stops",
+          file=sys.stderr, flush=True)
+    server.serve()  # the model runs on this (the main) thread
+    print("blockdraft: stopped", file=sys.stderr, flush=True)
     return 0
 
 

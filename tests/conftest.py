@@ -83,12 +83,14 @@ def tiny_target_dir(tmp_path_factory):
     return folder
 
 
-def tiny_pipeline(arch: str = "qwen3", *, seed: int = 2, block_size: int = 6):
-    """A text pipeline over a tiny random target (byte tokenizer, sharpened head) and drafter."""
+def tiny_pipeline(arch: str = "qwen3", *, seed: int = 2, block_size: int = 6, fast: bool = False):
+    """A text pipeline over a tiny random target (byte tokenizer, sharpened head) and drafter; `fast`: on our
+    fast path (batched decoding), else through the Hugging Face forward."""
     from blockdraft.api import Pipeline
+    from blockdraft.modeling.fast_target import FastTarget
 
     tok = tiny_tokenizer()
     model = tiny_hf_model(arch, vocab=len(tok), head_scale=4.0, seed=seed)
     model.generation_config.eos_token_id = tok.eos_token_id
-    target = TargetModel(model, tok)
+    target = FastTarget(model, tok) if fast else TargetModel(model, tok)
     return Pipeline(target, tiny_drafter(target, block_size=block_size))

@@ -58,6 +58,7 @@ class RequestResult:
     tokens: int = 0
     from_usage: bool = False
     error: str = ""
+    text: str = ""  # the streamed content, joined
 
 
 class _StreamError(Exception):
@@ -126,7 +127,7 @@ def resolve_model(root: str, model: str | None, api_key: str | None, timeout: fl
     return str(ids[0])
 
 
-def _chat_payload(prompt: Prompt, model: str, max_tokens: int, temperature: float) -> bytes:
+def chat_payload(prompt: Prompt, model: str, max_tokens: int, temperature: float) -> bytes:
     body = {"model": model, "messages": [dict(m) for m in prompt.messages], "max_tokens": max_tokens,
             "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
     return json.dumps(body).encode()
@@ -155,7 +156,7 @@ def _chunk_events(lines: Iterable[bytes]) -> Iterable[dict[str, Any] | None]:
 
 def _read_stream(response: Iterable[bytes], start: float, deadline: float) -> RequestResult:
     ttft: float | None = None
-    chunks, usage_tokens, finished = 0, None, False
+    chunks, usage_tokens, finished, parts = 0, None, False, []
     for event in _chunk_events(response):
         if time.perf_counter() > deadline:
             raise TimeoutError("request exceeded its time limit")
@@ -168,13 +169,14 @@ def _read_stream(response: Iterable[bytes], start: float, deadline: float) -> Re
             content = (choice.get("delta") or {}).get("content")
             if content:
                 chunks += 1
+                parts.append(content)
                 ttft = time.perf_counter() - start if ttft is None else ttft
             finished = finished or choice.get("finish_reason") is not None
     if not finished:  # e.g. llama-cpp-python cuts a stream short when another request arrives
         raise _StreamError("stream ended without a finish_reason (interrupted)")
     latency = time.perf_counter() - start
     tokens = usage_tokens if usage_tokens is not None else chunks
-    return RequestResult(True, latency, ttft, tokens, from_usage=usage_tokens is not None)
+    return RequestResult(True, latency, ttft, tokens, from_usage=usage_tokens is not None, text="".join(parts))
 
 
 def send_request(url: str, payload: bytes, headers: dict[str, str], timeout: float) -> RequestResult:
@@ -199,24 +201,26 @@ def send_request(url: str, payload: bytes, headers: dict[str, str], timeout: flo
 
 def _closed_loop(jobs: list[bytes], url: str, headers: dict[str, str], concurrency: int, timeout: float,
                  bar: tqdm) -> tuple[list[RequestResult], float]:
-    """Send `jobs` keeping `concurrency` in flight; results in completion order and the wall seconds."""
-    queue = iter(jobs)
-    results: list[RequestResult] = []
+    """Send `jobs` keeping `concurrency` in flight; results in job order and the wall seconds."""
+    queue = iter(enumerate(jobs))
+    results: list[RequestResult | None] = [None] * len(jobs)
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        def submit(payload: bytes) -> Future:
-            return pool.submit(send_request, url, payload, headers, timeout)
+        def submit(job: tuple[int, bytes]) -> Future:
+            future = pool.submit(send_request, url, job[1], headers, timeout)
+            future.index = job[0]  # type: ignore[attr-defined]
+            return future
 
-        pending = {submit(p) for _, p in zip(range(concurrency), queue)}
+        pending = {submit(j) for _, j in zip(range(concurrency), queue)}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                results.append(future.result())
+                results[future.index] = future.result()  # type: ignore[attr-defined]
                 bar.update(1)
                 following = next(queue, None)
                 if following is not None:
                     pending.add(submit(following))
-    return results, time.perf_counter() - start
+    return [r for r in results if r is not None], time.perf_counter() - start
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:
@@ -260,17 +264,18 @@ def _check_args(prompts: list[Prompt], concurrencies: list[int], max_tokens: int
 def server_sweep(base_url: str, prompts: list[Prompt], concurrencies: list[int], *, model: str | None,
                  max_tokens: int, temperature: float = 0.0, requests_per_level: int | None = None,
                  api_key: str | None = None, timeout: float = 600.0, progress: bool = True,
-                 warmup: int = 1) -> dict[str, Any]:
+                 warmup: int = 1, texts: bool = False) -> dict[str, Any]:
     """Closed-loop sweep over `concurrencies` against `{base_url}/v1/chat/completions`.
 
     `requests_per_level` defaults to max(2 * c, len(prompts)); request i of a level sends prompt
-    i mod len(prompts). `warmup` requests (not measured) are sent once before the first level.
+    i mod len(prompts). `warmup` requests (not measured) are sent once before the first level. With `texts`,
+    each level also keeps every request's streamed text (in request order; None for a failed one).
     """
     _check_args(prompts, concurrencies, max_tokens, requests_per_level, timeout)
     root = api_root(base_url)
     model = resolve_model(root, model, api_key)
     url, headers = f"{root}/v1/chat/completions", _headers(api_key)
-    payloads = [_chat_payload(p, model, max_tokens, temperature) for p in prompts]
+    payloads = [chat_payload(p, model, max_tokens, temperature) for p in prompts]
     log.info("server sweep: %s model=%s concurrencies=%s max_tokens=%d", url, model, concurrencies, max_tokens)
     for i in range(warmup):
         result = send_request(url, payloads[i % len(payloads)], headers, timeout)
@@ -282,6 +287,8 @@ def server_sweep(base_url: str, prompts: list[Prompt], concurrencies: list[int],
         with tqdm(total=n, desc=f"concurrency {c}", unit="req", dynamic_ncols=True, disable=not progress) as bar:
             results, wall = _closed_loop(jobs, url, headers, c, timeout, bar)
         level = summarize_level(c, results, wall)
+        if texts:
+            level["texts"] = [r.text if r.ok else None for r in results]
         log.info("concurrency %d: %s tok/s, %s req/s, p50 %s s, %d errors", c, level["output_tokens_per_s"],
                  level["requests_per_s"], level["latency_p50_s"], level["errors"])
         levels.append(level)

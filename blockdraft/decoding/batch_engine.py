@@ -16,7 +16,6 @@ row's last real token, so causal masking hides them and the rollback discards th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -29,11 +28,83 @@ from blockdraft.modeling.fast_target import FastTarget
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Slot:
-    index: int
-    state: DecodeState
-    tokens: list[int]
+class Batch:
+    """Cache rows that requests join and leave between cycles (continuous batching), one cycle at a time.
+
+    A caller (`BatchEngine.run`, the server's scheduler) decides who runs: `admit` a request into a free row,
+    `prefill` it (whole, or a chunk at a time), run `cycle` for every prefilled row, `release` a row when its
+    request ends. Targets without the fast path hold one row (their cache is not batched).
+    """
+
+    def __init__(self, engine: SpeculativeEngine, rows: int, capacity: int) -> None:
+        if not isinstance(rows, int) or rows < 1:
+            raise InvalidArgumentError(f"rows={rows!r}: expected an integer >= 1")
+        self.engine, self.rows = engine, rows
+        self.batched = isinstance(engine.target, FastTarget)
+        if rows > 1 and not self.batched:
+            raise InvalidArgumentError(f"rows={rows}: {type(engine.target).__name__} has no fast path, so it "
+                                       "decodes one row at a time (expected rows=1)")
+        self.cache = engine.target.new_cache(rows=rows, capacity=capacity) if self.batched \
+            else engine.target.new_cache()
+        self.states: list[DecodeState | None] = [None] * rows
+
+    def free_rows(self) -> list[int]:
+        return [r for r, s in enumerate(self.states) if s is None]
+
+    def decoding_rows(self) -> list[int]:
+        """Rows whose prompt is in the cache and whose request still decodes."""
+        return [r for r, s in enumerate(self.states) if s is not None and s.token >= 0 and not s.done]
+
+    def admit(self, state: DecodeState, row: int) -> None:
+        if self.states[row] is not None:
+            raise InvalidArgumentError(f"row {row} is taken: expected one of the free rows {self.free_rows()}")
+        self.states[row] = state
+        self.engine.target.rollback(self.cache, 0, **self._row(row))
+
+    def prefill(self, row: int, chunk: int | None = None) -> list[int]:
+        """The next piece of row `row`'s prompt (all of it without `chunk`); [first token] after the last."""
+        return self.engine.prefill(self.states[row], self.cache, chunk=chunk, **self._row(row))
+
+    def release(self, row: int) -> None:
+        self.states[row] = None
+
+    def _row(self, row: int) -> dict[str, int]:
+        return {"row": row} if self.batched else {}
+
+    def cycle(self, active: list[int] | None = None) -> dict[int, list[int]]:
+        """One draft + batched verify + commit for each row in `active` (default: every decoding row);
+        returns the tokens each committed. Rows whose request is done stay until `release`."""
+        engine, target = self.engine, self.engine.target
+        active = self.decoding_rows() if active is None else active
+        if not active:
+            return {}
+        device = target.device
+        t0 = now(device)
+        states = [self.states[r] for r in active]
+        props = engine.propose_many(states)
+        width = 1 + max(p.drafts.numel() for p in props)
+        ids = torch.empty(len(active), width, dtype=torch.long, device=device)
+        for i, (s, p) in enumerate(zip(states, props)):
+            n = p.drafts.numel()
+            ids[i, 0] = s.token
+            ids[i, 1:n + 1] = p.drafts
+            ids[i, n + 1:] = s.token  # padding after the real tokens: masked by position, rolled back
+        view = None if active == list(range(len(active))) else active
+        features = any(s.speculative for s in states)
+        kw = {"rows": view} if self.batched else {}
+        t1 = now(device)
+        logits, feats = target.forward(ids, self.cache, [s.start for s in states] if self.batched else states[0].start,
+                                       features=features, **kw)
+        if engine.policy is not None and any(s.policy is not None for s in states):
+            engine.policy.observe(width, now(device) - t1, rows=len(active))
+        committed = {}
+        for i, (r, s, p) in enumerate(zip(active, states, props)):
+            committed[r] = engine.settle(s, p, logits[i], feats[i] if s.speculative else None)
+            target.rollback(self.cache, s.start, **self._row(r))
+        elapsed = now(device) - t0
+        for s in states:
+            s.stats.decode_time += elapsed
+        return committed
 
 
 class BatchEngine:
@@ -62,62 +133,32 @@ class BatchEngine:
             yield i, [t for chunk in self.engine.decode(p, o, stats) for t in chunk], stats
 
     def _batched(self, states: list[DecodeState]) -> Iterator[tuple[int, list[int], GenerationStats]]:
-        engine, target = self.engine, self.engine.target
         rows = min(self.rows, len(states))
         if any(s.policy is not None for s in states):
-            engine.calibrate_batch(rows)
+            self.engine.calibrate_batch(rows)
         longest = max((len(s.prompt) + s.options.max_new_tokens for s in states), default=1)
-        cache = target.new_cache(rows=rows, capacity=longest + max(s.block for s in states) + 1)
-        slots: list[_Slot | None] = [None] * rows
+        batch = Batch(self.engine, rows, capacity=longest + max(s.block for s in states) + 1)
+        index: dict[int, int] = {}  # row -> request index
+        tokens: dict[int, list[int]] = {}
         queue = iter(enumerate(states))
         while True:
-            for r in range(rows):  # refill free rows
-                while slots[r] is None:
+            for r in batch.free_rows():  # refill free rows
+                while batch.states[r] is None:
                     nxt = next(queue, None)
                     if nxt is None:
                         break
                     i, state = nxt
-                    first = engine.prefill(state, cache, row=r)
+                    batch.admit(state, r)
+                    first = batch.prefill(r)
                     if state.done:
+                        batch.release(r)
                         yield i, first, state.stats
                     else:
-                        slots[r] = _Slot(i, state, first)
-            active = [r for r in range(rows) if slots[r] is not None]
-            if not active:
+                        index[r], tokens[r] = i, first
+            if not batch.decoding_rows():
                 return
-            for r in self._cycle(cache, slots, active):
-                slot = slots[r]
-                yield slot.index, slot.tokens, slot.state.stats
-                slots[r] = None
-
-    def _cycle(self, cache: object, slots: list[_Slot | None], active: list[int]) -> list[int]:
-        """One draft + batched verify + commit for every active row; returns the rows that finished."""
-        engine, target = self.engine, self.engine.target
-        device = target.device
-        t0 = now(device)
-        states = [slots[r].state for r in active]
-        props = engine.propose_many(states)
-        width = 1 + max(p.drafts.numel() for p in props)
-        ids = torch.empty(len(active), width, dtype=torch.long, device=device)
-        for i, (s, p) in enumerate(zip(states, props)):
-            n = p.drafts.numel()
-            ids[i, 0] = s.token
-            ids[i, 1:n + 1] = p.drafts
-            ids[i, n + 1:] = s.token  # padding after the real tokens: masked by position, rolled back
-        view = None if active == list(range(len(active))) else active
-        features = any(s.speculative for s in states)
-        t1 = now(device)
-        logits, feats = target.forward(ids, cache, [s.start for s in states], features=features, rows=view)
-        if engine.policy is not None and any(s.policy is not None for s in states):
-            engine.policy.observe(width, now(device) - t1, rows=len(active))
-        finished = []
-        for i, (r, s, p) in enumerate(zip(active, states, props)):
-            committed = engine.settle(s, p, logits[i], feats[i] if s.speculative else None)
-            target.rollback(cache, s.start, row=r)
-            slots[r].tokens.extend(committed)
-            if s.done:
-                finished.append(r)
-        elapsed = now(device) - t0
-        for s in states:
-            s.stats.decode_time += elapsed
-        return finished
+            for r, committed in batch.cycle().items():
+                tokens[r].extend(committed)
+                if batch.states[r].done:
+                    yield index[r], tokens[r], batch.states[r].stats
+                    batch.release(r)

@@ -162,19 +162,28 @@ class SpeculativeEngine:
             policy=self.adaptive_policy() if speculative and options.verify == "adaptive" else None,
             ngram=NgramIndex(prompt_ids) if speculative and options.ngram else None)
 
-    def prefill(self, seq: DecodeState, cache: object, row: int | None = None) -> list[int]:
-        """Run the prompt (into cache row `row` on the fast path); returns [first token]."""
+    def prefill(self, seq: DecodeState, cache: object, row: int | None = None, chunk: int | None = None) -> list[int]:
+        """Run the prompt (into cache row `row` on the fast path); returns [first token].
+
+        With `chunk`, run only the next `chunk` prompt tokens and return [] until the last piece (a server
+        interleaves long prompts with other requests' decode cycles); `seq.start` counts the tokens done.
+        """
         t0 = now(self.target.device)
-        ids = torch.tensor([seq.prompt], device=self.target.device)
+        end = len(seq.prompt) if chunk is None else min(len(seq.prompt), seq.start + chunk)
+        ids = torch.tensor([seq.prompt[seq.start:end]], device=self.target.device)
         kw = {} if row is None else {"rows": [row]}
-        logits, feats = self.target.forward(ids, cache, 0, features=seq.speculative, last_only=True, **kw)
-        seq.pending = [] if feats is None else [feats]
+        logits, feats = self.target.forward(ids, cache, seq.start, features=seq.speculative, last_only=True, **kw)
+        if feats is not None:
+            seq.pending.append(feats)
+        seq.start = end
+        seq.stats.target_forwards += 1
+        seq.stats.prefill_time += now(self.target.device) - t0
+        if end < len(seq.prompt):
+            return []
         seq.token = self._choose(logits[0, -1], seq, len(seq.prompt))
         if seq.ngram is not None:
             seq.ngram.extend([seq.token])
-        seq.start, seq.remaining = len(seq.prompt), seq.options.max_new_tokens - 1
-        seq.stats.target_forwards += 1
-        seq.stats.prefill_time = now(self.target.device) - t0
+        seq.remaining = seq.options.max_new_tokens - 1
         seq.stats.new_tokens = 1
         seq.done = not self._continues(seq)
         return [seq.token]

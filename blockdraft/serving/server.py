@@ -1,556 +1,403 @@
-"""OpenAI-compatible HTTP server over a `Pipeline` (standard library only).
+"""OpenAI-compatible HTTP server: FastAPI on uvicorn in front, the continuous-batching scheduler behind.
 
     POST /v1/chat/completions   messages -> chat.completion (or chat.completion.chunk events)
     POST /v1/completions        prompt   -> text_completion (or text_completion events)
     GET  /v1/models             the served model id
-    GET  /health                status and request counts
+    GET  /health                200 while serving; 503 when the model worker is dead or shutting down
+    GET  /metrics               Prometheus text (`blockdraft.serving.metrics`)
 
-One worker thread owns the Pipeline and runs requests one at a time in arrival order (FIFO): torch models
-are not safe to drive from several threads. HTTP handler threads only parse, queue, wait and write. The
-queue is bounded (`max_queue` waiting requests; full -> 503). A client that goes away (a write fails, or
-its socket is closed while it waits) cancels its request: the worker closes the generation at its next
-text delta and moves on. Continuous batching across requests is future work (`Pipeline.generate_batch`
-does it offline). The server only calls `Pipeline.stream`, so its output is exactly the Pipeline's.
+uvicorn's event loop runs on a background thread and only parses, queues and writes; the model runs on the
+thread that calls `serve()` (the main one: torch drives a model fastest from the thread that ran it, see
+docs/serve.md), in `Scheduler.run`. Events cross over through `loop.call_soon_threadsafe` onto one asyncio
+queue per request, so the scheduler never waits for a client. SIGTERM / Ctrl-C drain: no new requests
+(503), the admitted ones finish within `drain_timeout`, the rest end with a 503 error, then the socket closes.
 """
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import logging
-import queue
-import re
+import signal
 import socket
 import threading
 import time
 import uuid
-from collections import Counter
 from contextlib import suppress
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, AsyncIterator
 
-from blockdraft.api import GenerationOutput, Pipeline
+import h11
+import uvicorn
+from fastapi import Depends, FastAPI, Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from blockdraft.api import Pipeline
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
+from blockdraft.serving.metrics import CONTENT_TYPE, ServerMetrics
+from blockdraft.serving.protocol import (ApiError, ChatCompletion, ModelList, Reply, Request, TextCompletion,
+                                         library_error, parse_json, parse_request, show)
+from blockdraft.serving.scheduler import (DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_QUEUE,
+                                          DEFAULT_PREFILL_CHUNK, Delta, Done, Event, Failed, Job, QueueFull,
+                                          QueueTimeout, Scheduler, ShuttingDown)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_BODY_BYTES = 4 << 20
-_POLL_S = 0.25  # how often a waiting handler checks that its client is still connected
-_ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET", "/health": "GET"}
-_ROLES = ("system", "user", "assistant")
-_SAMPLING = ("temperature", "top_p", "top_k", "seed")  # passed through; the library validates them
-_MAX_SHOWN = 80
-
-# Fields that would change the output and that we cannot honour: (accepted when, what is expected).
-_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v in (None, 1), "1 (one choice per request)"),
-    "best_of": (lambda v: v in (None, 1), "1"),
-    "presence_penalty": (lambda v: v in (None, 0), "0 (penalties are not supported)"),
-    "frequency_penalty": (lambda v: v in (None, 0), "0 (penalties are not supported)"),
-    "repetition_penalty": (lambda v: v in (None, 1), "1 (penalties are not supported)"),
-    "logit_bias": (lambda v: not v, "null or {} (logit bias is not supported)"),
-    "logprobs": (lambda v: v in (None, False, 0), "null or false (log probabilities are not returned)"),
-    "top_logprobs": (lambda v: not v, "null or 0 (log probabilities are not returned)"),
-    "echo": (lambda v: not v, "false"),
-    "suffix": (lambda v: not v, "null (no insertion mode)"),
-    "tools": (lambda v: not v, "null (tool calls are not supported)"),
-    "tool_choice": (lambda v: v in (None, "none"), "null or \"none\""),
-    "functions": (lambda v: not v, "null (function calls are not supported)"),
-    "function_call": (lambda v: v in (None, "none"), "null or \"none\""),
-    "response_format": (lambda v: v is None or v == {"type": "text"}, "{\"type\": \"text\"} (no structured output)"),
-}
+_POLL_S = 0.25  # how often a request waiting for its first event checks that its client is still there
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
 
 
-class ApiError(Exception):
-    """An error answered with an HTTP status and OpenAI's error JSON; the message names the bad value."""
+class _JsonErrorsH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, answering a request it cannot parse (e.g. a Content-Length that is not a
+    number) with OpenAI's error JSON instead of plain text."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code, self.headers = status, param, code, headers or {}
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
-
-
-def _show(value: Any) -> str:
-    """A request value as JSON, shortened for a one-line message."""
-    text = json.dumps(value)
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 1] + "…"
+    def send_400_response(self, msg: str) -> None:
+        body = ApiError(400, "malformed HTTP request (a bad request line, header or Content-Length): expected "
+                             "HTTP/1.1 with a numeric Content-Length").body()
+        data = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=data),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
 
-# ---------------------------------------------------------------------- requests
-@dataclass(frozen=True)
-class Request:
-    """One parsed completion request: the keywords for `Pipeline.stream` and how to answer."""
-    chat: bool
-    stream: bool
-    include_usage: bool
-    kwargs: dict[str, Any]
+class BlockdraftServer:
+    """The HTTP front end and the scheduler over one `Pipeline`.
 
-
-def parse_request(body: Any, *, chat: bool, model_id: str, max_tokens: int) -> Request:
-    """Check an OpenAI request body and map it to `Pipeline.stream` keywords (`max_tokens`: the default).
-
-    Unknown fields are ignored; fields in `_REFUSED` at a value that would change the output are a 400.
-    Sampling values go to the library unchanged, so its own messages name what is wrong with them.
+    `options`: server-wide `Pipeline.prepare` keywords that requests cannot set (block_size, no_draft, draft,
+    verify, ngram, sampler); checked here. The socket is bound at once (`url` is known, port 0 picks one).
+    `serve()` runs the model on the calling thread until a signal or `shutdown()`; `start()` runs it on a
+    thread of its own (tests, embedding) and returns.
     """
-    if not isinstance(body, dict):
-        raise ApiError(400, f"request body {_show(body)}: expected a JSON object")
-    _check_model(body.get("model"), model_id)
-    for name, (accepted, expected) in _REFUSED.items():
-        if not accepted(body.get(name)):
-            raise ApiError(400, f"{name}={_show(body[name])}: not supported by this server, expected {expected}", name)
-    stream = _flag(body.get("stream"), "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError(400, f"stream_options={_show(options)}: expected an object", "stream_options")
-    include_usage = stream and _flag(options.get("include_usage"), "stream_options.include_usage")
-    source = {"messages": _messages(body.get("messages"))} if chat else {"prompt": _prompt(body.get("prompt"))}
-    kwargs = {"temperature": 1.0, **_sampling(body), **source, "max_new_tokens": _max_tokens(body, max_tokens),
-              "stop": _stop(body.get("stop"))}
-    return Request(chat, stream, include_usage, kwargs)
-
-
-def _check_model(model: Any, model_id: str) -> None:
-    if model is not None and model != model_id:
-        raise ApiError(404, f"model={_show(model)} is not served here: expected {_show(model_id)}", "model",
-                       "model_not_found")
-
-
-def _flag(value: Any, name: str) -> bool:
-    if value is not None and not isinstance(value, bool):
-        raise ApiError(400, f"{name}={_show(value)}: expected true or false", name)
-    return bool(value)
-
-
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    """temperature / top_p / top_k / seed as given (null = default); top_k -1 means off, as in vLLM."""
-    given = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-    for name, value in given.items():
-        if isinstance(value, bool):
-            raise ApiError(400, f"{name}={_show(value)}: expected a number", name)
-    if given.get("top_k") == -1:
-        given["top_k"] = 0
-    return given
-
-
-def _messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise ApiError(400, f"messages={_show(value)}: expected a non-empty list of {{role, content}} objects",
-                       "messages")
-    return [_message(m) for m in value]
-
-
-def _message(message: Any) -> dict[str, str]:
-    if not isinstance(message, dict) or message.get("role") not in _ROLES:
-        raise ApiError(400, f"message {_show(message)}: expected an object with a role in {list(_ROLES)}",
-                       "messages")
-    return {"role": message["role"], "content": _content(message.get("content"))}
-
-
-def _content(content: Any) -> str:
-    """A message's text: a string, or a list of text parts (joined by newlines, as vLLM does)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "\n".join(p["text"] for p in content)
-    raise ApiError(400, f"message content {_show(content)}: expected a string or a list of "
-                        "{\"type\": \"text\", \"text\": ...} parts", "messages")
-
-
-def _prompt(value: Any) -> str:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if not isinstance(value, str):
-        raise ApiError(400, f"prompt={_show(value)}: expected a string (one prompt per request)", "prompt")
-    return value
-
-
-def _max_tokens(body: dict[str, Any], default: int) -> int:
-    """max_completion_tokens (OpenAI's current name) or max_tokens; default: up to the target's context."""
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError(400, f"{name}={_show(value)}: expected an integer >= 1", name)
-    return value
-
-
-def _stop(value: Any) -> list[Any]:
-    """OpenAI's stop: null, a string or a list (the library checks the list's items)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return value
-    raise ApiError(400, f"stop={_show(value)}: expected a string or a list of strings", "stop")
-
-
-def _library_error(exc: BlockdraftError) -> ApiError:
-    """A library error as a 400; `param` is the request field its message starts with ("top_p=2: ...")."""
-    match = re.match(r"(\w+)=", str(exc))
-    param = match.group(1) if match and match.group(1) in (*_SAMPLING, "stop") else None
-    return ApiError(400, str(exc), param)
-
-
-# ---------------------------------------------------------------------- the worker
-@dataclass
-class Job:
-    """One queued request. The worker puts events for its handler: ("delta", str) when `deltas` (streaming),
-    then ("done", GenerationOutput), or ("error", ApiError) at any point; the handler sets `cancelled` when its
-    client left."""
-    id: str
-    kwargs: dict[str, Any]
-    deltas: bool
-    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    queued_at: float = field(default_factory=time.perf_counter)
-    queue_seconds: float = 0.0
-
-
-class Worker:
-    """The one thread that drives the Pipeline: runs queued jobs in FIFO order, one at a time.
-
-    With `thread=True` it starts its own thread; otherwise the caller runs `run()` on a thread of its choice.
-    Prefer the thread that already ran the model (the main one): torch drives a model much slower from a
-    second thread once the first has run it (measured on a 2-core CPU: a 1-token step of the default target
-    44 -> 62-70 ms, generation 34 -> 27 tok/s; an OpenMP matter: with OMP_WAIT_POLICY=PASSIVE both threads
-    take ~63 ms, so the main thread's fast case is its team spinning between parallel regions), so `blockdraft serve`
-    runs the worker on the main thread and answers HTTP from the others (`BlockdraftServer.serve_here`)."""
-
-    def __init__(self, pipe: Pipeline, max_queue: int = DEFAULT_MAX_QUEUE, thread: bool = True) -> None:
-        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
-            raise InvalidArgumentError(f"max_queue={max_queue!r}: expected an integer >= 1")
-        self.pipe = pipe
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self.counts: Counter[str] = Counter()  # served, cancelled, failed (500); written by the worker only
-        self.current: Job | None = None
-        self.closed = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="blockdraft-worker", daemon=True) if thread else None
-        if self.thread is not None:
-            self.thread.start()
-
-    def submit(self, job: Job) -> None:
-        """Queue `job`, or answer 503 when the queue is full or the server is stopping."""
-        if self.closed.is_set():
-            raise ApiError(503, "server is shutting down")
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise ApiError(503, f"server busy: {self.jobs.maxsize} requests already queued behind the running "
-                                "one (requests run one at a time); retry later") from None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Answer queued jobs 503, end the running one at its next delta, and end `run`."""
-        self.closed.set()
-        with suppress(queue.Empty):
-            while True:
-                job = self.jobs.get_nowait()
-                if job is not None:
-                    job.events.put(("error", ApiError(503, "server is shutting down")))
-        with suppress(queue.Full):
-            self.jobs.put(None, timeout=timeout)
-        if self.thread is not None:
-            self.thread.join(timeout)
-
-    def run(self) -> None:
-        """Serve queued jobs until `stop`. A Ctrl-C on this thread ends the running job with a 503 and returns
-        through the KeyboardInterrupt."""
-        while (job := self.jobs.get()) is not None:
-            if self.closed.is_set():
-                job.events.put(("error", ApiError(503, "server is shutting down")))
-                continue
-            self.current = job
-            try:
-                self._run(job)
-            except BaseException:
-                job.events.put(("error", ApiError(503, "server is shutting down")))
-                raise
-            finally:
-                self.current = None
-
-    def _run(self, job: Job) -> None:
-        """Run one job to its end; never raises, so no request can stop the worker."""
-        job.queue_seconds = time.perf_counter() - job.queued_at
-        try:
-            if job.cancelled.is_set() or not self._generate(job):
-                self.counts["cancelled"] += 1
-                log.info("%s: cancelled (%s)", job.id, "shutdown" if self.closed.is_set() else "client gone")
-                if self.closed.is_set():  # its client may still be there: tell it why the answer ends
-                    job.events.put(("error", ApiError(503, "server is shutting down")))
-        except BlockdraftError as exc:  # a bad request the library caught (e.g. a prompt too long)
-            job.events.put(("error", _library_error(exc)))
-        except Exception as exc:  # noqa: BLE001 - a failed request must not take the worker down
-            self.counts["failed"] += 1
-            log.exception("%s: generation failed", job.id)
-            job.events.put(("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}")))
-
-    def _generate(self, job: Job) -> bool:
-        """Stream the job's deltas to its handler; False when its client left before the end."""
-        stream = self.pipe.stream(**job.kwargs)
-        try:
-            for delta in stream:
-                if job.cancelled.is_set() or self.closed.is_set():
-                    return False
-                if job.deltas:
-                    job.events.put(("delta", delta))
-        finally:
-            stream.close()
-        out = stream.output
-        job.events.put(("done", out))
-        self.counts["served"] += 1
-        log.info("%s: %d + %d tokens, %.1f tok/s, acceptance length %s, queued %.2f s", job.id,
-                 out.stats.prompt_tokens, len(out.token_ids), out.stats.tokens_per_second,
-                 out.stats.mean_acceptance_length, job.queue_seconds)
-        return True
-
-
-
-# ---------------------------------------------------------------------- responses
-@dataclass(frozen=True)
-class _Reply:
-    """Builds the response objects of one request (same id and creation time in every chunk)."""
-    request: Request
-    model: str
-    id: str
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def envelope(self, choices: list[dict[str, Any]], stream: bool, **extra: Any) -> dict[str, Any]:
-        kind = ("chat.completion.chunk" if stream else "chat.completion") if self.request.chat else "text_completion"
-        if stream and self.request.include_usage:
-            extra.setdefault("usage", None)  # as OpenAI: null in every chunk but the last
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
-                **extra}
-
-    def chunk(self, text: str | None, finish: str | None = None, **delta: str) -> dict[str, Any]:
-        """A stream chunk carrying `text` (chat: in `delta`, with any extra delta fields) or a finish reason."""
-        if self.request.chat:
-            choice = {"index": 0, "delta": delta | ({} if text is None else {"content": text})}
-        else:
-            choice = {"index": 0, "text": text or ""}
-        return self.envelope([choice | {"logprobs": None, "finish_reason": finish}], stream=True)
-
-    def final_chunk(self, out: GenerationOutput, queue_seconds: float) -> dict[str, Any]:
-        return self.chunk(None, out.finish_reason) | {"blockdraft": _extension(out, queue_seconds)}
-
-    def usage_chunk(self, out: GenerationOutput) -> dict[str, Any]:
-        return self.envelope([], stream=True, usage=_usage(out))
-
-    def complete(self, out: GenerationOutput, queue_seconds: float) -> dict[str, Any]:
-        """The whole (non-stream) response."""
-        if self.request.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text}}
-        else:
-            choice = {"index": 0, "text": out.text}
-        choice |= {"logprobs": None, "finish_reason": out.finish_reason}
-        return self.envelope([choice], stream=False, usage=_usage(out),
-                             blockdraft=_extension(out, queue_seconds))
-
-
-def _usage(out: GenerationOutput) -> dict[str, int]:
-    """Token counts: completion tokens are every token the target committed (a stop string may cut text)."""
-    prompt, completion = out.stats.prompt_tokens, len(out.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _extension(out: GenerationOutput, queue_seconds: float) -> dict[str, Any]:
-    """Our stats, small: mean acceptance length (None without drafting), speeds, time spent queued."""
-    tau = out.stats.mean_acceptance_length
-    return {"acceptance_length": None if tau is None else round(tau, 4),
-            "tokens_per_second": round(out.stats.tokens_per_second, 3),
-            "decode_tokens_per_second": round(out.stats.decode_tokens_per_second, 3),
-            "queue_seconds": round(queue_seconds, 4)}
-
-
-# ---------------------------------------------------------------------- HTTP
-class BlockdraftServer(ThreadingHTTPServer):
-    """An HTTP server whose handler threads hand requests to one `Worker` that owns `pipe`.
-
-    `options`: server-wide `Pipeline.stream` keywords that requests cannot set (block_size, no_draft, draft,
-    verify, ngram); checked here, before serving. `server_close()` also stops the worker.
-    """
-
-    daemon_threads = True
-    request_queue_size = 128  # listen backlog: bursts of clients wait for accept() instead of being refused
 
     def __init__(self, pipe: Pipeline, address: tuple[str, int] = ("127.0.0.1", 8000), *, model_id: str,
-                 max_queue: int = DEFAULT_MAX_QUEUE, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 options: dict[str, Any] | None = None, worker_thread: bool = True) -> None:
+                 api_key: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                 max_model_len: int | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
+                 max_queue_wait: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 options: dict[str, Any] | None = None) -> None:
         self.options = dict(options or {})
-        pipe.stream(prompt="check", max_new_tokens=1, **self.options).close()  # validates without decoding
+        pipe.prepare(prompt="check", max_new_tokens=1, **self.options)  # validates without decoding
+        if api_key is not None and not api_key:
+            raise InvalidArgumentError("api_key='': expected a non-empty key (or none)")
+        self.pipe, self.model_id, self.api_key = pipe, model_id, api_key
+        self.max_body_bytes, self.drain_timeout = max_body_bytes, drain_timeout
+        limit = min(DEFAULT_MAX_MODEL_LEN, pipe.target.max_positions) if max_model_len is None else max_model_len
+        self.scheduler = Scheduler(pipe, max_batch=max_batch, max_model_len=limit, max_queue=max_queue,
+                                   max_queue_wait=max_queue_wait, prefill_chunk=prefill_chunk)
+        self.metrics = ServerMetrics(lambda: len(self.scheduler.waiting), lambda: len(self.scheduler.running))
+        self.scheduler.observer = self.metrics
         if pipe.drafter is not None and not self.options.get("no_draft") \
                 and self.options.get("verify", "adaptive") == "adaptive":
-            pipe.engine.adaptive_policy()  # measure (or load) the verify cost curve now, not in a first request
-        self.model_id, self.max_body_bytes = model_id, max_body_bytes
-        self.max_tokens = pipe.target.max_positions
-        self.worker = Worker(pipe, max_queue, thread=worker_thread)
+            self.scheduler.calibrate()  # the verify cost curves, measured (or loaded) now, not in a first request
         self.started = time.time()
-        try:
-            super().__init__(address, _Handler)
-        except OSError:
-            self.worker.stop()
-            raise
+        self.draining = threading.Event()
+        self.worker_error: BaseException | None = None
+        self._worker_alive = False
+        self._worker: threading.Thread | None = None
+        self.socket = socket.create_server(address, backlog=512)
+        config = uvicorn.Config(build_app(self), log_level="warning", http=_JsonErrorsH11, lifespan="off",
+                                timeout_keep_alive=30, access_log=False)
+        self.http = uvicorn.Server(config)
+        self._http_thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
-    def serve_here(self) -> None:
-        """Answer HTTP from a background thread and run the model on the calling thread (see `Worker`) until
-        `server_close` or a Ctrl-C here; needs `worker_thread=False`."""
-        if self.worker.thread is not None:
-            raise InvalidArgumentError("serve_here runs the worker on this thread: build the server with "
-                                       "worker_thread=False")
-        threading.Thread(target=self.serve_forever, name="blockdraft-http", daemon=True).start()
+    @property
+    def healthy(self) -> bool:
+        return self._worker_alive and not self.draining.is_set() and self.worker_error is None
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> "BlockdraftServer":
+        """Serve HTTP and run the scheduler on background threads; returns once both run."""
+        self._start_http()
+        self._worker = threading.Thread(target=self._run_worker, name="blockdraft-scheduler", daemon=True)
+        self._worker_alive = True
+        self._worker.start()
+        return self
+
+    def serve(self) -> None:
+        """Serve HTTP from a background thread and run the model on this one until SIGTERM / SIGINT or
+        `shutdown()`; then drain and close."""
+        self._start_http()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):  # the handler runs between two bytecodes of the
+                signal.signal(sig, self._on_signal)    # model thread, which may hold the scheduler's lock
+        self._worker_alive = True
         try:
-            self.worker.run()
+            self._run_worker()
         finally:
-            self.shutdown()
+            self.close()
 
-    def server_close(self) -> None:
-        super().server_close()
-        self.worker.stop()
+    def _start_http(self) -> None:
+        self._http_thread = threading.Thread(target=self.http.run, kwargs={"sockets": [self.socket]},
+                                             name="blockdraft-http", daemon=True)
+        self._http_thread.start()
+        while not self.http.started:
+            if not self._http_thread.is_alive():
+                raise RuntimeError("the HTTP server did not start (see the log)")
+            time.sleep(0.01)
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: BlockdraftServer
-    server_version = "blockdraft"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
-        """Route one request; every error becomes OpenAI's error JSON, a vanished client is only logged."""
-        path = self.path.split("?", 1)[0]
+    def _run_worker(self) -> None:
         try:
-            if path not in _ROUTES:
-                raise ApiError(404, f"path {_show(path)}: expected one of {sorted(_ROUTES)}")
-            if _ROUTES[path] != method:
-                raise ApiError(405, f"{method} {path}: expected {_ROUTES[path]}", headers={"Allow": _ROUTES[path]})
-            if path == "/health":
-                self._send_json(200, self._health())
-            elif path == "/v1/models":
-                self._send_json(200, {"object": "list", "data": [
-                    {"id": self.server.model_id, "object": "model", "created": int(self.server.started),
-                     "owned_by": "blockdraft"}]})
-            else:
-                self._complete(chat=path == "/v1/chat/completions")
-        except ApiError as exc:
-            log.info("%s %s -> %d: %s", method, path, exc.status, exc)
-            with suppress(ConnectionError):
-                self._send_json(exc.status, exc.body(), exc.headers)
-        except ConnectionError:
-            log.info("%s %s: client disconnected", method, path)
+            self.scheduler.run()
+        except BaseException as exc:
+            self.worker_error = exc
+            log.exception("the model worker stopped")
+            raise
+        finally:
+            self._worker_alive = False
 
-    def _health(self) -> dict[str, Any]:
-        worker = self.server.worker
-        counts = {k: worker.counts[k] for k in ("served", "cancelled", "failed")}
-        return {"status": "ok", "model": self.server.model_id, "queued": worker.jobs.qsize(),
-                "running": worker.current is not None, **counts}
-
-    def _read_json(self) -> Any:
-        length = self.headers.get("Content-Length", "")
-        if not length.isdigit():
-            raise ApiError(411, f"Content-Length {_show(length)}: expected the JSON body's length in bytes")
-        if int(length) > self.server.max_body_bytes:
-            raise ApiError(413, f"request body of {length} bytes: expected at most {self.server.max_body_bytes}")
-        try:
-            return json.loads(self.rfile.read(int(length)))
-        except ValueError as exc:
-            raise ApiError(400, f"request body is not valid JSON ({exc}): expected one JSON object") from None
-
-    def _complete(self, chat: bool) -> None:
-        """Queue a completion, wait for its first event (an error is still a plain HTTP error), answer it."""
-        request = parse_request(self._read_json(), chat=chat, model_id=self.server.model_id,
-                                max_tokens=self.server.max_tokens)
-        reply = _Reply(request, self.server.model_id, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex)
-        job = Job(reply.id, self.server.options | request.kwargs, deltas=request.stream)
-        self.server.worker.submit(job)
-        event = self._wait(job)
-        if event is None:
-            return
-        if event[0] == "error":
-            raise event[1]
-        if request.stream:
-            self._stream(reply, job, event)
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        """First SIGTERM / Ctrl-C: drain; a second one: stop now (what is left gets 503s)."""
+        if self.draining.is_set():
+            log.warning("second %s: stopping without waiting for the running requests", signal.Signals(signum).name)
+            self.scheduler.stop()
         else:
-            self._send_json(200, reply.complete(event[1], job.queue_seconds))
+            threading.Thread(target=self.begin_drain, name="blockdraft-drain-start", daemon=True).start()
 
-    def _wait(self, job: Job) -> tuple[str, Any] | None:
-        """The job's next event; None (and the job cancelled) when the client disconnects meanwhile."""
+    def begin_drain(self) -> None:
+        """Stop admitting; a helper thread waits for the admitted requests (up to `drain_timeout`), cancels
+        the rest and stops the scheduler."""
+        if self.draining.is_set():
+            return
+        self.draining.set()
+        self.scheduler.close_admission()
+        log.info("draining: %d running, %d waiting (up to %.0f s)", len(self.scheduler.running),
+                 len(self.scheduler.waiting), self.drain_timeout)
+        threading.Thread(target=self._drain, name="blockdraft-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.scheduler.busy and time.monotonic() < deadline and self._worker_alive:
+            time.sleep(0.05)
+        self.scheduler.stop()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Drain (see `begin_drain`) and close; returns when done."""
+        if timeout is not None:
+            self.drain_timeout = timeout
+        self.begin_drain()
+        if self._worker is not None:
+            self._worker.join()
+        self.close()
+
+    def close(self) -> None:
+        """Answer what is left with 503s, stop HTTP, close the socket."""
+        self.scheduler.stop()
+        self.scheduler.cancel_all("server is shutting down")
+        self.http.should_exit = True
+        if self._http_thread is not None:
+            self._http_thread.join(10)
+        with suppress(OSError):
+            self.socket.close()
+
+    def __enter__(self) -> "BlockdraftServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(timeout=0)
+
+    def describe(self) -> str:
+        """The start-up line on memory: rows x tokens and what they hold."""
+        s = self.scheduler
+        gib = 2**30
+        params = self.pipe.memory_report(s.max_model_len)
+        weights = params["target_parameters_bytes"] + params.get("drafter_parameters_bytes", 0)
+        draft = params.get("drafter_cache_bytes", 0) * s.max_batch
+        return (f"--max-batch {s.max_batch} rows x --max-model-len {s.max_model_len} tokens: KV cache "
+                f"{s.kv_cache_bytes / gib:.2f} GiB (allocated now) + drafter context caches up to {draft / gib:.2f} "
+                f"GiB, weights {weights / gib:.2f} GiB")
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: Request, reply: Reply, loop: asyncio.AbstractEventLoop) -> tuple[Job, asyncio.Queue]:
+        """Queue a parsed request; its events arrive on the returned asyncio queue."""
+        if not self.healthy:
+            raise ApiError(503, "server is shutting down" if self.draining.is_set() else "the model worker is down")
+        try:
+            with self.scheduler.text_lock:  # the tokenizer is not safe to use from two threads at once
+                prepared = self.pipe.prepare(**(self.options | request.kwargs))
+            if not request.max_tokens_given:
+                room = self.scheduler.room(len(prepared.prompt_ids))
+                prepared = replace(prepared, options=replace(prepared.options, max_new_tokens=room))
+        except BlockdraftError as exc:
+            raise library_error(exc) from None
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        job = Job(reply.id, prepared, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), request.stream)
+        try:
+            self.scheduler.submit(job)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), code="queue_full",
+                           headers={"Retry-After": str(self.scheduler.retry_after())}) from None
+        except ShuttingDown as exc:
+            raise ApiError(503, str(exc)) from None
+        except BlockdraftError as exc:
+            raise library_error(exc) from None
+        return job, events
+
+
+def _error_of(event: Failed) -> ApiError:
+    exc = event.error
+    if isinstance(exc, (QueueTimeout, ShuttingDown)):
+        return ApiError(503, str(exc))
+    if isinstance(exc, BlockdraftError):
+        return library_error(exc)
+    return ApiError(500, f"generation failed: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------- the app
+def build_app(server: BlockdraftServer) -> FastAPI:
+    app = FastAPI(title="blockdraft", version="1", docs_url=None, redoc_url=None)
+    app.add_middleware(_CountRequests, metrics=server.metrics)
+
+    def authorized(request: HttpRequest) -> None:
+        if server.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
+            raise ApiError(401, "missing or wrong API key: expected the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: HttpRequest, exc: ApiError) -> JSONResponse:
+        log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+        return JSONResponse(exc.body(), exc.status, exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: HttpRequest, exc: HTTPException) -> JSONResponse:
+        path = request.url.path
+        if exc.status_code == 405:
+            error = ApiError(405, f"{request.method} {path}: expected another method",
+                             headers=dict(exc.headers or {}))
+        elif exc.status_code == 404:
+            error = ApiError(404, f"path {show(path)}: expected one of {sorted(_ROUTES)}")
+        else:
+            error = ApiError(exc.status_code, str(exc.detail))
+        return JSONResponse(error.body(), error.status, error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: HttpRequest, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
+        return JSONResponse(error.body(), 500)
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        s = server.scheduler
+        status = "ok" if server.healthy else "shutting down" if server.draining.is_set() else "worker down"
+        body = {"status": status, "model": server.model_id, "queued": len(s.waiting), "running": len(s.running),
+                "max_batch": s.max_batch, **s.counts}
+        return JSONResponse(body, 200 if server.healthy else 503)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(authorized)])
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": server.model_id, "object": "model",
+                                            "created": int(server.started), "owned_by": "blockdraft"}]}
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, dependencies=[Depends(authorized)])
+    async def chat(request: HttpRequest) -> Any:
+        return await _complete(server, request, chat=True)
+
+    @app.post("/v1/completions", response_model=TextCompletion, dependencies=[Depends(authorized)])
+    async def completions(request: HttpRequest) -> Any:
+        return await _complete(server, request, chat=False)
+
+    return app
+
+
+async def _read_body(request: HttpRequest, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and int(length) > limit:
+        raise ApiError(413, f"request body of {length} bytes: expected at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body over {limit} bytes: expected at most {limit}")
+    return bytes(body)
+
+
+async def _complete(server: BlockdraftServer, http: HttpRequest, chat: bool) -> Any:
+    """Queue a completion, wait for its first event (an error is still a plain HTTP error), then answer."""
+    request = parse_request(parse_json(await _read_body(http, server.max_body_bytes)), chat=chat,
+                            model_id=server.model_id)
+    reply = Reply(request, server.model_id, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex)
+    job, events = server.submit(request, reply, asyncio.get_running_loop())
+    first = await _first_event(http, job, events)
+    if isinstance(first, Failed):
+        raise _error_of(first)
+    if not request.stream:
+        return reply.complete(first.output, first.queue_seconds)
+    return StreamingResponse(_sse(reply, job, events, first), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def _first_event(http: HttpRequest, job: Job, events: asyncio.Queue) -> Event:
+    """The job's next event; cancels the job (and raises CancelledError) when its client leaves meanwhile."""
+    try:
         while True:
             try:
-                return job.events.get(timeout=_POLL_S)
-            except queue.Empty:
-                if _client_gone(self.connection):
-                    job.cancelled.set()
+                return await asyncio.wait_for(events.get(), _POLL_S)
+            except asyncio.TimeoutError:
+                if await http.is_disconnected():
                     log.info("%s: client disconnected while waiting", job.id)
-                    return None
-
-    def _stream(self, reply: _Reply, job: Job, event: tuple[str, Any] | None) -> None:
-        """Server-sent events: deltas, a finish chunk, the usage chunk if asked, [DONE]."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        try:
-            if reply.request.chat:
-                self._event(reply.chunk("", role="assistant"))
-            while event is not None and event[0] == "delta":
-                self._event(reply.chunk(event[1]))
-                event = self._wait(job)
-            if event is None:
-                return
-            if event[0] == "error":  # headers are out: the error goes in the stream (no finish_reason)
-                self._event(event[1].body())
-                return
-            self._event(reply.final_chunk(event[1], job.queue_seconds))
-            if reply.request.include_usage:
-                self._event(reply.usage_chunk(event[1]))
-            self.wfile.write(b"data: [DONE]\n\n")
-        except ConnectionError:
-            job.cancelled.set()
-            log.info("%s: client disconnected mid-stream", job.id)
-
-    def _event(self, obj: dict[str, Any]) -> None:
-        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-        self.wfile.flush()
-
-    def _send_json(self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+                    raise asyncio.CancelledError
+    except BaseException:
+        job.cancel()
+        raise
 
 
-def _client_gone(sock: socket.socket) -> bool:
-    """True when the peer has closed its end (a waiting client sends nothing, so a read of 0 bytes means gone)."""
+async def _sse(reply: Reply, job: Job, events: asyncio.Queue, event: Event) -> AsyncIterator[bytes]:
+    """Server-sent events: role chunk (chat), deltas, a finish chunk, the usage chunk if asked, [DONE]."""
     try:
-        return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:  # still connected, nothing to read
-        return False
-    except OSError:
-        return True
+        if reply.request.chat:
+            yield _data(reply.chunk("", role="assistant"))
+        while isinstance(event, Delta):
+            yield _data(reply.chunk(event.text))
+            event = await events.get()
+        if isinstance(event, Failed):  # headers are out: the error goes in the stream (no finish_reason)
+            yield _data(_error_of(event).body())
+            return
+        assert isinstance(event, Done)
+        yield _data(reply.final_chunk(event.output, event.queue_seconds))
+        if reply.request.include_usage:
+            yield _data(reply.usage_chunk(event.output))
+        yield b"data: [DONE]\n\n"
+    finally:
+        job.cancel()  # a no-op once done; frees the row when the client left mid-stream
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+class _CountRequests:
+    """ASGI middleware: counts answered requests by route and status (streams are not buffered)."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in _ROUTES else "other"
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

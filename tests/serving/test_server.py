@@ -1,76 +1,95 @@
-"""The OpenAI-compatible server over real HTTP, on tiny random models (port 0, background thread)."""
+"""The OpenAI-compatible server over real HTTP (port 0, uvicorn and the scheduler on background threads), on tiny
+random models: answers equal `Pipeline.generate`, the official `openai` client, concurrency, disconnects, the
+queue, draining, metrics, bad input, the load client and the CLI."""
 from __future__ import annotations
 
-import _thread
 import http.client
 import json
+import os
 import signal
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from blockdraft.api import TextStream
 from blockdraft.bench.load_client import server_sweep
 from blockdraft.cli import main
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
-from blockdraft.serving.server import BlockdraftServer, Worker
+from blockdraft.serving.server import BlockdraftServer
 from tests.conftest import tiny_pipeline
 
 HI = [{"role": "user", "content": "hi"}]
+LONG = "The quick brown fox jumps over the lazy dog. "
+HELD = "hello world"  # its greedy answer runs past 400 tokens (no stop token)
 
 
-def start(pipe: Any, **kw: Any) -> BlockdraftServer:
-    srv = BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny", **kw)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
-
-
-def stop(srv: BlockdraftServer) -> None:
-    srv.shutdown()
-    srv.server_close()
+def start(**kw: Any) -> BlockdraftServer:
+    """A fresh server on its own pipeline (two servers never share a model)."""
+    return BlockdraftServer(tiny_pipeline("qwen3", seed=2, fast=True), ("127.0.0.1", 0), model_id="tiny",
+                            **kw).start()
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[BlockdraftServer]:
-    srv = start(tiny_pipeline("qwen3", seed=2), max_body_bytes=2048)
+    srv = start(max_batch=4, max_body_bytes=8192)
     yield srv
-    stop(srv)
+    srv.shutdown(timeout=5)
 
 
 @pytest.fixture(scope="module")
 def ref():
-    """The same tiny pair as the server's, driven here directly (never from two threads at once)."""
-    return tiny_pipeline("qwen3", seed=2)
+    """The same tiny pair as the servers' (same seeds: same weights), driven here directly, on this thread."""
+    return tiny_pipeline("qwen3", seed=2, fast=True)
 
 
-def call(srv: BlockdraftServer, path: str, body: Any = None, *, raw: bytes | None = None,
-         method: str | None = None) -> tuple[int, dict]:
+def client(srv: BlockdraftServer, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def request(srv: BlockdraftServer, path: str, body: Any = None, *, raw: bytes | None = None,
+            method: str | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
+    """(status, decoded JSON body, headers) of one request."""
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(srv.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(srv.url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.load(response)
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return response.status, json.load(response), response.headers
     except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+        return exc.code, json.load(exc), exc.headers
+
+
+def call(srv: BlockdraftServer, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+    status, out, _ = request(srv, path, body, **kw)
+    return status, out
 
 
 def events(srv: BlockdraftServer, path: str, body: dict) -> list[Any]:
     """The `data:` payloads of a streamed answer, JSON-decoded except the final "[DONE]"."""
-    request = urllib.request.Request(srv.url + path, data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        assert response.headers["Content-Type"] == "text/event-stream"
+    req = urllib.request.Request(srv.url + path, data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
         lines = [ln.decode().strip() for ln in response]
     data = [ln[len("data: "):] for ln in lines if ln.startswith("data: ")]
     return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def streamed_text(chunks: list[Any]) -> str:
+    parts = []
+    for c in chunks:
+        if c == "[DONE]" or not c.get("choices"):
+            continue
+        choice = c["choices"][0]
+        parts.append(choice["delta"].get("content", "") if "delta" in choice else choice["text"])
+    return "".join(parts)
 
 
 def usage_of(ref, out, **source) -> dict[str, int]:
@@ -81,8 +100,74 @@ def usage_of(ref, out, **source) -> dict[str, int]:
 
 def healthy(srv: BlockdraftServer) -> dict:
     status, body = call(srv, "/health")
-    assert status == 200 and body["status"] == "ok"
+    assert status == 200 and body["status"] == "ok", body
     return body
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def slow_cycles(monkeypatch, srv: BlockdraftServer, seconds: float = 0.05,
+                gate: threading.Event | None = None) -> None:
+    """Each decode cycle first sleeps (and waits for `gate` when given): generations stay running."""
+    cycle = srv.scheduler.batch.cycle
+
+    def slow(*args: Any, **kwargs: Any):
+        if gate is not None:
+            gate.wait(10)
+        time.sleep(seconds)
+        return cycle(*args, **kwargs)
+
+    monkeypatch.setattr(srv.scheduler.batch, "cycle", slow)
+
+
+def open_request(srv: BlockdraftServer, path: str, body: dict) -> http.client.HTTPConnection:
+    """Send a request on a raw connection and return it unread."""
+    host, port = srv.socket.getsockname()[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    return conn
+
+
+class StreamReader(threading.Thread):
+    """Reads one streamed request to its end on a thread of its own."""
+
+    def __init__(self, srv: BlockdraftServer, path: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.conn = open_request(srv, path, {**body, "stream": True})
+        self.status: int | None = None
+        self.data: list[Any] = []
+        self.start()
+
+    def run(self) -> None:
+        response = self.conn.getresponse()
+        self.status = response.status
+        if response.status != 200:
+            self.data.append(json.load(response))
+            return
+        for line in response:
+            if line.startswith(b"data: "):
+                payload = line[len(b"data: "):].strip().decode()
+                self.data.append(payload if payload == "[DONE]" else json.loads(payload))
+
+
+def scrape(srv: BlockdraftServer) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, parsed by prometheus_client: {(name, sorted labels): value}."""
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as response:
+        assert response.status == 200 and response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 # ---------------------------------------------------------------------- answers
@@ -97,16 +182,26 @@ def test_chat_equals_pipeline_generate(server, ref, limit):
     assert choice["message"] == {"role": "assistant", "content": expected.text}
     assert choice["finish_reason"] == expected.finish_reason
     assert body["usage"] == usage_of(ref, expected, messages=HI)
-    assert body["blockdraft"]["acceptance_length"] >= 1 and body["blockdraft"]["tokens_per_second"] > 0
+    assert body["blockdraft"]["tokens_per_second"] > 0 and body["blockdraft"]["queue_seconds"] >= 0
 
 
 def test_completion_equals_pipeline_generate(server, ref):
     expected = ref.generate("Once upon a time", max_new_tokens=20, temperature=0.0)
     status, body = call(server, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 20,
                                                     "temperature": 0.0, "user": "me"})
-    assert status == 200 and body["object"] == "text_completion"
+    assert status == 200 and body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["choices"][0]["text"] == expected.text and body["choices"][0]["finish_reason"] == expected.finish_reason
     assert body["usage"] == usage_of(ref, expected, prompt="Once upon a time")
+    # a one-prompt list is the same request
+    assert call(server, "/v1/completions", {"prompt": ["Once upon a time"], "max_tokens": 20,
+                                            "temperature": 0})[1]["choices"] == body["choices"]
+
+
+def test_without_max_tokens_a_request_may_fill_its_row(server, ref):
+    status, body = call(server, "/v1/completions", {"prompt": "x" * 500, "temperature": 0})
+    expected = ref.generate("x" * 500, max_new_tokens=12, temperature=0.0)  # the row's room: 512 - 500
+    assert status == 200 and body["choices"][0]["text"] == expected.text
+    assert body["usage"]["completion_tokens"] == len(expected.token_ids)
 
 
 def test_harmless_fields_are_ignored(server):
@@ -123,14 +218,17 @@ def test_sampling_fields_reach_the_pipeline(server, ref):
     # the default gumbel sampler: a seeded request is plain decoding's draw with that seed, whatever the cycles
     params = dict(temperature=1.0, top_p=0.9, top_k=20, seed=7)
     expected = ref.generate("abc", max_new_tokens=16, no_draft=True, **params)
+    assert expected.text != ref.generate("abc", max_new_tokens=16).text  # the fields make a difference
     for _ in range(2):
         status, out = call(server, "/v1/completions", {"prompt": "abc", "max_tokens": 16, **params})
         assert status == 200 and out["choices"][0]["text"] == expected.text
+    other = call(server, "/v1/completions", {"prompt": "abc", "max_tokens": 16, **params, "seed": 8})[1]
+    assert other["choices"][0]["text"] == ref.generate("abc", max_new_tokens=16, **{**params, "seed": 8}).text
 
 
 def test_the_rejection_sampler_is_a_server_option(ref):
     # with it, a seeded sampled run repeats only when its cycles do: fixed verify lengths
-    srv = start(tiny_pipeline("qwen3", seed=2), options={"verify": "fixed", "sampler": "rejection"})
+    srv = start(options={"verify": "fixed", "sampler": "rejection"})
     try:
         params = dict(temperature=1.0, top_p=0.9, top_k=20, seed=7)
         expected = ref.generate("abc", max_new_tokens=16, verify="fixed", sampler="rejection", **params)
@@ -138,7 +236,7 @@ def test_the_rejection_sampler_is_a_server_option(ref):
             status, out = call(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 16, **params})
             assert status == 200 and out["choices"][0]["text"] == expected.text
     finally:
-        stop(srv)
+        srv.shutdown()
 
 
 def test_stream_chat_with_usage(server, ref):
@@ -148,9 +246,8 @@ def test_stream_chat_with_usage(server, ref):
     assert chunks[-1] == "[DONE]"
     *choice_chunks, usage_chunk = chunks[:-1]
     assert {c["object"] for c in chunks[:-1]} == {"chat.completion.chunk"} and len({c["id"] for c in chunks[:-1]}) == 1
-    assert choice_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in choice_chunks)
-    assert text == expected.text
+    assert choice_chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert streamed_text(choice_chunks) == expected.text
     finishes = [c["choices"][0]["finish_reason"] for c in choice_chunks]
     assert finishes[:-1] == [None] * (len(finishes) - 1) and finishes[-1] == expected.finish_reason
     assert "acceptance_length" in choice_chunks[-1]["blockdraft"]
@@ -163,39 +260,244 @@ def test_stream_completion_without_usage(server, ref):
     chunks = events(server, "/v1/completions", {"prompt": "def f(", "max_tokens": 25, "temperature": 0})
     assert chunks[-1] == "[DONE]" and all("usage" not in c for c in chunks[:-1])
     assert {c["object"] for c in chunks[:-1]} == {"text_completion"}
-    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == expected.text
+    assert streamed_text(chunks) == expected.text
     assert chunks[-2]["choices"][0]["finish_reason"] == expected.finish_reason
+
+
+def stop_string(text: str) -> str:
+    """Two printable characters from the middle of `text` (no unfinished UTF-8)."""
+    i = next(i for i in range(5, len(text) - 2) if "\ufffd" not in text[i:i + 2] and text[i:i + 2].strip())
+    return text[i:i + 2]
 
 
 @pytest.mark.parametrize("as_list", [False, True])
 def test_stop_strings(server, ref, as_list):
     full = ref.generate("Once upon", max_new_tokens=40, temperature=0.0)
-    start_at = next(i for i in range(5, len(full.text) - 2) if "\ufffd" not in full.text[i:i + 2])
-    stop = full.text[start_at:start_at + 2]
+    stop = stop_string(full.text)
     cut = full.text[: full.text.find(stop)]
     body = {"prompt": "Once upon", "max_tokens": 40, "temperature": 0, "stop": [stop] if as_list else stop}
     status, out = call(server, "/v1/completions", body)
     assert status == 200 and out["choices"][0] == {"index": 0, "text": cut, "logprobs": None, "finish_reason": "stop"}
+    assert out["usage"]["completion_tokens"] == len(ref.generate("Once upon", max_new_tokens=40, stop=[stop]).token_ids)
     chunks = events(server, "/v1/completions", body)
-    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == cut
+    assert streamed_text(chunks) == cut and chunks[-2]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_models_and_health(server):
     status, models = call(server, "/v1/models")
-    assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"]
+    assert status == 200 and models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
     health = healthy(server)
-    assert health["model"] == "tiny" and health["queued"] == 0 and health["failed"] >= 0
+    assert health["model"] == "tiny" and health["queued"] == 0 and health["running"] == 0
+    assert health["max_batch"] == 4 and health["served"] > 0 and health["failed"] == 0
 
 
-# ---------------------------------------------------------------------- errors
+def test_a_chunked_body_without_content_length_is_accepted(server, ref):
+    host, port = server.socket.getsockname()[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    payload = json.dumps({"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}).encode()
+    conn.request("POST", "/v1/completions", body=iter([payload[:7], payload[7:]]),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    response = conn.getresponse()
+    out = json.load(response)
+    conn.close()
+    assert response.status == 200, out
+    assert out["choices"][0]["text"] == ref.generate("Once upon a time", max_new_tokens=10).text
+
+
+def test_long_prompts_prefill_in_chunks_and_answer_the_same(server, ref, monkeypatch):
+    prompt = (LONG * 3)[:100]
+    pieces: list[tuple[int, int | None]] = []
+    prefill = server.scheduler.batch.prefill
+
+    def recorded(row: int, chunk: int | None = None):
+        pieces.append((row, chunk))
+        return prefill(row, chunk=chunk)
+
+    monkeypatch.setattr(server.scheduler, "prefill_chunk", 8)
+    monkeypatch.setattr(server.scheduler.batch, "prefill", recorded)
+    expected = ref.generate(prompt, max_new_tokens=20, temperature=0.0)  # unchunked
+    status, out = call(server, "/v1/completions", {"prompt": prompt, "max_tokens": 20, "temperature": 0})
+    assert status == 200 and out["choices"][0]["text"] == expected.text
+    assert out["usage"] == usage_of(ref, expected, prompt=prompt) and out["usage"]["prompt_tokens"] == 100
+    assert len(pieces) == 13 and {chunk for _, chunk in pieces} == {8}
+
+
+# ---------------------------------------------------------------------- the official openai client
+def test_openai_client_chat(server, ref):
+    c = client(server)
+    expected = ref.generate(messages=HI, max_new_tokens=20, temperature=0.0)
+    reply = c.chat.completions.create(model="tiny", messages=HI, max_tokens=20, temperature=0)
+    assert reply.object == "chat.completion" and reply.model == "tiny"
+    assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content == expected.text
+    assert reply.choices[0].finish_reason == expected.finish_reason
+    assert reply.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) == \
+        usage_of(ref, expected, messages=HI)
+    stream = c.chat.completions.create(model="tiny", messages=HI, max_tokens=20, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == expected.text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == expected.finish_reason
+    assert [m.id for m in c.models.list()] == ["tiny"]
+
+
+def test_openai_client_completions_stop_and_seed(server, ref):
+    c = client(server)
+    full = ref.generate("Once upon", max_new_tokens=40, temperature=0.0)
+    stop = stop_string(full.text)
+    reply = c.completions.create(model="tiny", prompt="Once upon", max_tokens=40, temperature=0, stop=[stop])
+    assert reply.choices[0].text == full.text[: full.text.find(stop)] and reply.choices[0].finish_reason == "stop"
+    seeded = ref.generate("abc", max_new_tokens=16, temperature=1.0, top_p=0.9, seed=11)
+    for stream in (False, True):
+        got = c.completions.create(model="tiny", prompt="abc", max_tokens=16, temperature=1.0, top_p=0.9, seed=11,
+                                   stream=stream)
+        text = "".join(ch.choices[0].text for ch in got if ch.choices) if stream else got.choices[0].text
+        assert text == seeded.text
+    assert reply.usage.prompt_tokens == len(ref.encode("Once upon"))
+
+
+def test_openai_client_errors(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError) as bad:
+        c.chat.completions.create(model="tiny", messages=HI, max_tokens=4, temperature=-1)
+    assert bad.value.status_code == 400 and bad.value.param == "temperature" and "temperature=-1" in bad.value.message
+    assert bad.value.type == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as missing:
+        c.completions.create(model="gpt-4", prompt="hi", max_tokens=4)
+    assert missing.value.code == "model_not_found" and 'model="gpt-4"' in missing.value.message
+    with pytest.raises(openai.BadRequestError, match="max_tokens=100000"):
+        c.completions.create(model="tiny", prompt="hi", max_tokens=100_000)
+    healthy(server)
+
+
+def test_api_key(ref):
+    srv = start(api_key="k")
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k"}):
+            status, out = call(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 3}, headers=headers)
+            assert status == 401 and out["error"]["code"] == "invalid_api_key"
+            assert out["error"]["type"] == "invalid_request_error" and "Authorization: Bearer" in out["error"]["message"]
+            assert call(srv, "/v1/models", headers=headers)[0] == 401
+        with pytest.raises(openai.AuthenticationError) as wrong:
+            client(srv, "wrong").chat.completions.create(model="tiny", messages=HI, max_tokens=3)
+        assert wrong.value.status_code == 401 and wrong.value.code == "invalid_api_key"
+        right = client(srv, "k")
+        reply = right.chat.completions.create(model="tiny", messages=HI, max_tokens=8, temperature=0)
+        assert reply.choices[0].message.content == ref.generate(messages=HI, max_new_tokens=8).text
+        assert call(srv, "/v1/models", headers={"Authorization": "Bearer k"})[0] == 200
+        # probes stay open
+        assert call(srv, "/health")[0] == 200
+        samples = scrape(srv)
+        assert metric(samples, "blockdraft_requests_total", route="/v1/completions", status="401") == 3
+        assert metric(samples, "blockdraft_requests_total", route="/v1/chat/completions", status="200") == 1
+    finally:
+        srv.shutdown()
+    with pytest.raises(InvalidArgumentError, match="api_key=''"):
+        BlockdraftServer(ref, ("127.0.0.1", 0), model_id="tiny", api_key="")
+
+
+# ---------------------------------------------------------------------- concurrency
+BURST = [("/v1/chat/completions" if i % 3 == 0 else "/v1/completions",
+          {"max_tokens": 6 + 5 * (i % 4), "temperature": 0, "stream": i % 2 == 1,
+           **({"messages": [{"role": "user", "content": f"question {i}?"}]} if i % 3 == 0
+              else {"prompt": f"item {i}: " + "abc " * (i % 5)})})
+         for i in range(12)]
+
+
+def answer(srv: BlockdraftServer, path: str, body: dict) -> tuple[str, int | None]:
+    """(text, completion tokens) of one request, streamed or not."""
+    if body["stream"]:
+        chunks = events(srv, path, body)
+        assert chunks[-1] == "[DONE]"
+        return streamed_text(chunks), None
+    status, out = call(srv, path, body)
+    assert status == 200, out
+    choice = out["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"], out["usage"]["completion_tokens"]
+
+
+def test_a_concurrent_burst_gets_what_each_request_gets_alone(server, ref, monkeypatch):
+    expected = []
+    for path, body in BURST:
+        source = {"messages": body["messages"]} if "messages" in body else {"prompt": body["prompt"]}
+        out = ref.generate(**source, max_new_tokens=body["max_tokens"], temperature=0.0)
+        expected.append((out.text, None if body["stream"] else len(out.token_ids)))
+    alone = [answer(server, path, body) for path, body in BURST]
+    assert alone == expected
+    before = scrape(server)
+    slow_cycles(monkeypatch, server, 0.005)  # so that the requests overlap
+    results: list[Any] = [None] * len(BURST)
+    barrier = threading.Barrier(len(BURST))
+
+    def send(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = answer(server, *BURST[i])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(BURST))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == expected
+    after = scrape(server)
+    cycles = metric(after, "blockdraft_cycle_rows_count") - metric(before, "blockdraft_cycle_rows_count")
+    solo = metric(after, "blockdraft_cycle_rows_bucket", le="1.0") - metric(before, "blockdraft_cycle_rows_bucket", le="1.0")
+    assert cycles > solo  # some cycles verified several rows at once
+    batched = metric(after, "blockdraft_cycle_rows_bucket", le="4.0") - metric(before, "blockdraft_cycle_rows_bucket", le="4.0")
+    assert batched == cycles  # never more than --max-batch 4
+    assert not server.scheduler.busy and metric(after, "blockdraft_running_rows") == 0
+
+
+# ---------------------------------------------------------------------- metrics
+def test_metrics_parse_and_count(server, ref):
+    before = scrape(server)
+    outs = [call(server, "/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0})[1]
+            for p in ("Once upon a time", "abc abc abc abc")]
+    assert call(server, "/v1/completions", {"prompt": "x", "max_tokens": 0})[0] == 400
+    after = scrape(server)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("blockdraft_requests_total", route="/v1/completions", status="200") == 2
+    assert delta("blockdraft_requests_total", route="/v1/completions", status="400") == 1
+    assert delta("blockdraft_requests_total", route="/metrics", status="200") == 1  # the first scrape
+    assert delta("blockdraft_generation_tokens_total") == sum(o["usage"]["completion_tokens"] for o in outs)
+    assert delta("blockdraft_prompt_tokens_total") == sum(o["usage"]["prompt_tokens"] for o in outs)
+    for name in ("blockdraft_time_to_first_token_seconds", "blockdraft_e2e_request_latency_seconds",
+                 "blockdraft_time_per_output_token_seconds"):
+        assert delta(f"{name}_count") == 2
+    assert delta("blockdraft_acceptance_length_count") > 0
+    assert delta("blockdraft_acceptance_length_sum") >= delta("blockdraft_acceptance_length_count")
+    sources = {labels[0][1]: value - before.get((name, labels), 0.0) for (name, labels), value in after.items()
+               if name == "blockdraft_cycles_total"}
+    assert set(sources) <= {"drafter", "lookup", "plain"} and sum(sources.values()) > 0
+    assert delta("blockdraft_cycle_rows_count") > 0
+    assert metric(after, "blockdraft_queue_depth") == 0 and metric(after, "blockdraft_running_rows") == 0
+    kinds = {f.name: f.type for f in text_string_to_metric_families(
+        urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode())}
+    assert kinds["blockdraft_requests"] == "counter" and kinds["blockdraft_acceptance_length"] == "histogram"
+    assert kinds["blockdraft_queue_depth"] == "gauge" and kinds["blockdraft_cycles"] == "counter"
+
+
+# ---------------------------------------------------------------------- bad input
 CHAT = {"messages": HI, "max_tokens": 4}
-ERRORS = [  # path, body override (or raw bytes), status, text the message must contain, param
+NESTED_40 = b'{"prompt": ' + b"[" * 40 + b"]" * 40 + b"}"
+NESTED_1000 = b'{"prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+ERRORS = [  # path, body override (or raw bytes), status, text(s) the message must contain, param
     ("/v1/chat/completions", {"temperature": -1}, 400, "temperature=-1", "temperature"),
     ("/v1/chat/completions", {"temperature": True}, 400, "temperature=true", "temperature"),
-    ("/v1/chat/completions", {"top_p": 2}, 400, "top_p=2", "top_p"),
+    ("/v1/chat/completions", {"temperature": "hot"}, 400, 'temperature="hot": expected a number', "temperature"),
+    ("/v1/chat/completions", {"top_p": 2}, 400, ("top_p=2", "expected a number in (0, 1]"), "top_p"),  # the library's
     ("/v1/chat/completions", {"top_k": -2}, 400, "top_k=-2", "top_k"),
-    ("/v1/chat/completions", {"seed": "x"}, 400, "seed='x'", "seed"),
-    ("/v1/chat/completions", {"max_tokens": 0}, 400, "max_tokens=0", "max_tokens"),
+    ("/v1/chat/completions", {"seed": "x"}, 400, 'seed="x"', "seed"),
+    ("/v1/chat/completions", {"max_tokens": 0}, 400, "max_tokens=0: expected an integer >= 1", "max_tokens"),
+    ("/v1/chat/completions", {"max_tokens": -5}, 400, "max_tokens=-5: expected an integer >= 1", "max_tokens"),
+    ("/v1/chat/completions", {"max_tokens": "5"}, 400, 'max_tokens="5": expected an integer', "max_tokens"),
+    ("/v1/chat/completions", {"max_tokens": 10**9}, 400, "--max-model-len 512", "max_tokens"),
     ("/v1/chat/completions", {"max_completion_tokens": 1.5}, 400, "max_completion_tokens=1.5", "max_completion_tokens"),
     ("/v1/chat/completions", {"n": 2}, 400, "n=2", "n"),
     ("/v1/chat/completions", {"presence_penalty": 0.5}, 400, "presence_penalty=0.5", "presence_penalty"),
@@ -204,19 +506,31 @@ ERRORS = [  # path, body override (or raw bytes), status, text the message must 
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, "json_object", "response_format"),
     ("/v1/chat/completions", {"stop": 5}, 400, "stop=5", "stop"),
     ("/v1/chat/completions", {"stop": [""]}, 400, "stop=['']", "stop"),
-    ("/v1/chat/completions", {"stream": "yes"}, 400, "stream=\"yes\"", "stream"),
+    ("/v1/chat/completions", {"stream": "yes"}, 400, "stream=\"yes\": expected true or false", "stream"),
+    ("/v1/chat/completions", {"stream": 1}, 400, "stream=1: expected true or false", "stream"),
+    ("/v1/chat/completions", {"stream_options": {"include_usage": "yes"}}, 400, "stream_options=", "stream_options"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages=\"hi\"", "messages"),
-    ("/v1/chat/completions", {"messages": []}, 400, "messages=[]", "messages"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages=[]: expected a non-empty list", "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "\"tool\"", "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "image_url", "messages"),
     ("/v1/chat/completions", {"model": "gpt-4"}, 404, "model=\"gpt-4\"", "model"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt is empty", None),
     ("/v1/completions", {"prompt": None}, 400, "prompt=null", "prompt"),
-    ("/v1/completions", {"prompt": "x" * 600, "stream": True}, 400, "prompt has 600 tokens", None),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt=[\"a\", \"b\"]: expected a string", "prompt"),
+    ("/v1/completions", {"max_tokens": None}, 400, "prompt is missing", "prompt"),
+    ("/v1/completions", {"prompt": "x" * 600, "stream": True}, 400,
+     "prompt has 600 tokens: expected fewer than --max-model-len 512", None),
+    ("/v1/completions", {"prompt": "x" * 500, "max_tokens": 20}, 400,
+     "max_tokens=20: expected at most 12 (--max-model-len 512 minus the prompt's 500 tokens)", "max_tokens"),
     ("/v1/completions", b"{not json", 400, "not valid JSON", None),
-    ("/v1/completions", b"[1, 2]", 400, "request body [1, 2]", None),
-    ("/v1/completions", b'{"prompt": "' + b"x" * 3000 + b'"}', 413, "3014 bytes", None),
+    ("/v1/completions", b"", 400, "not valid JSON", None),
+    ("/v1/completions", b"[1, 2]", 400, "request body [1, 2]: expected a JSON object", None),
+    ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, "not valid UTF-8 (byte 12)", None),
+    ("/v1/completions", NESTED_40, 400, "nested too deeply: expected at most 32 levels", None),
+    ("/v1/completions", NESTED_1000, 400, "nested too deeply: expected at most 32 levels", None),
+    ("/v1/completions", b'{"prompt": "' + b"x" * 9000 + b'"}', 413, "request body of 9014 bytes: expected at most 8192",
+     None),
 ]
 
 
@@ -226,214 +540,263 @@ def test_bad_requests_get_a_clear_error_and_the_server_carries_on(server, path, 
         got, out = call(server, path, raw=body)
     else:
         got, out = call(server, path, {**CHAT, **body} if "chat" in path else {"max_tokens": 4, **body})
-    assert got == status
-    assert text in out["error"]["message"] and out["error"]["param"] == param
+    assert got == status, out
+    assert set(out) == {"error"} and set(out["error"]) == {"message", "type", "param", "code"}
+    for part in (text,) if isinstance(text, str) else text:
+        assert part in out["error"]["message"]
+    assert out["error"]["param"] == param
     assert out["error"]["type"] == "invalid_request_error" and out["error"]["code"] in (None, "model_not_found")
     assert "\n" not in out["error"]["message"]
     healthy(server)
     assert call(server, "/v1/completions", {"prompt": "ok", "max_tokens": 3})[0] == 200
 
 
+def test_a_chunked_body_over_the_limit_gets_413(server):
+    host, port = server.socket.getsockname()[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("POST", "/v1/completions", body=iter([b'{"prompt": "', b"x" * 5000, b"x" * 5000, b'"}']),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    response = conn.getresponse()
+    out = json.load(response)
+    conn.close()
+    assert response.status == 413 and "request body over 8192 bytes" in out["error"]["message"]
+    healthy(server)
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ten\r\n\r\n{}",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -3\r\n\r\n{}",
+    b"GARBAGE\r\n\r\n",
+])
+def test_an_unparsable_http_request_gets_the_error_json(server, head):
+    with socket.create_connection(server.socket.getsockname()[:2], timeout=10) as sock:
+        sock.sendall(head)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line.startswith(b"HTTP/1.1 400"), data
+    assert b"content-type: application/json" in headers.lower()
+    error = json.loads(body)["error"]
+    assert "Content-Length" in error["message"] and error["type"] == "invalid_request_error"
+    healthy(server)
+
+
 @pytest.mark.parametrize("method, path, status", [
     ("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405), ("POST", "/health", 405),
-    ("DELETE", "/v1/models", 405),
+    ("DELETE", "/v1/models", 405), ("POST", "/metrics", 405),
 ])
 def test_unknown_paths_and_wrong_methods(server, method, path, status):
     got, out = call(server, path, raw=b"{}" if method == "POST" else None, method=method)
     assert got == status and path in out["error"]["message"]
+    assert out["error"]["type"] == "invalid_request_error"
     healthy(server)
 
 
-# ---------------------------------------------------------------------- disconnects and the queue
-def open_stream(srv: BlockdraftServer, path: str, body: dict) -> http.client.HTTPConnection:
-    """Send a request on a raw connection and return it unread (the caller reads some, then hangs up)."""
-    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=30)
-    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-    return conn
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_disconnect_mid_stream_leaves_the_model_serving(server, ref):
-    before = healthy(server)
-    conn = open_stream(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 400, "temperature": 0,
-                                                        "stream": True})
-    response = conn.getresponse()
-    assert response.status == 200 and response.readline().startswith(b"data: ")
-    response.close()
+# ---------------------------------------------------------------------- disconnects, the queue, draining
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_frees_its_row(server, ref, monkeypatch, stream):
+    slow_cycles(monkeypatch, server, 0.05)
+    before = dict(server.scheduler.counts)
+    conn = open_request(server, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0,
+                                                    "stream": stream})
+    assert wait_for(lambda: len(server.scheduler.running) == 1)
+    if stream:
+        response = conn.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: ")
+        response.close()
     conn.close()
-    assert wait_for(lambda: (lambda h: h["served"] + h["cancelled"] > before["served"] + before["cancelled"]
-                             and not h["running"])(healthy(server)))
+    assert wait_for(lambda: not server.scheduler.running, timeout=5)
+    assert metric(scrape(server), "blockdraft_running_rows") == 0
+    counts = server.scheduler.counts
+    assert counts["cancelled"] == before["cancelled"] + 1 and counts["served"] == before["served"]
+    monkeypatch.undo()
     expected = ref.generate(messages=HI, max_new_tokens=16, temperature=0.0)
     _, out = call(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 16, "temperature": 0})
     assert out["choices"][0]["message"]["content"] == expected.text
 
 
-class EndlessPipe:
-    """Stands in for a Pipeline: each stream yields "x" every 10 ms until closed, which it records."""
-
-    def __init__(self) -> None:
-        self.target = SimpleNamespace(max_positions=64)
-        self.drafter = None
-        self.started = 0
-        self.closed = 0
-
-    def stream(self, **_: Any) -> TextStream:
-        return TextStream(self._deltas())
-
-    def _deltas(self) -> Iterator[str]:
-        self.started += 1
-        try:
-            while True:
-                time.sleep(0.01)
-                yield "x"
-        finally:
-            self.closed += 1
-
-
-@pytest.fixture
-def endless() -> Iterator[tuple[BlockdraftServer, EndlessPipe]]:
-    pipe = EndlessPipe()
-    srv = start(pipe, max_queue=1)
-    yield srv, pipe
-    stop(srv)
-
-
-@pytest.mark.parametrize("stream", [True, False])
-def test_a_client_that_leaves_cancels_its_generation(endless, stream):
-    srv, pipe = endless
-    conn = open_stream(srv, "/v1/completions", {"prompt": "p", "stream": stream})
-    assert wait_for(lambda: pipe.started == 1)
-    if stream:
-        response = conn.getresponse()
-        assert response.readline().startswith(b"data: ")
-        response.close()
-    conn.close()
-    assert wait_for(lambda: pipe.closed == 1, timeout=5)  # the generator was closed, not left running
-    assert wait_for(lambda: healthy(srv)["cancelled"] == 1 and not healthy(srv)["running"])
+def test_a_full_queue_answers_429_with_retry_after(ref, monkeypatch):
+    srv = start(max_batch=1, max_queue=1)
+    gate = threading.Event()
+    slow_cycles(monkeypatch, srv, 0.01, gate)
+    conns = []
+    try:
+        conns.append(open_request(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0,
+                                                            "stream": True}))
+        assert wait_for(lambda: len(srv.scheduler.running) == 1)
+        conns.append(open_request(srv, "/v1/completions", {"prompt": "queued", "max_tokens": 6, "temperature": 0}))
+        assert wait_for(lambda: len(srv.scheduler.waiting) == 1)
+        status, out, headers = request(srv, "/v1/completions", {"prompt": "r", "max_tokens": 5})
+        assert status == 429 and int(headers["Retry-After"]) >= 1
+        assert out["error"]["code"] == "queue_full" and "--max-queue 1" in out["error"]["message"]
+        with pytest.raises(openai.RateLimitError) as limited:
+            client(srv).completions.create(model="tiny", prompt="r", max_tokens=5)
+        assert int(limited.value.response.headers["retry-after"]) >= 1
+        health = healthy(srv)  # busy is not unhealthy
+        assert health["queued"] == 1 and health["running"] == 1
+        # the running client leaves: the queued request takes its row and is answered
+        gate.set()
+        conns[0].close()
+        response = conns[1].getresponse()
+        assert response.status == 200
+        assert json.load(response)["choices"][0]["text"] == ref.generate("queued", max_new_tokens=6).text
+        assert srv.scheduler.counts["cancelled"] == 1 and srv.scheduler.counts["served"] == 1
+        assert metric(scrape(srv), "blockdraft_requests_total", route="/v1/completions", status="429") == 2
+    finally:
+        gate.set()
+        for conn in conns:
+            conn.close()
+        srv.shutdown(timeout=0)
 
 
-def test_a_full_queue_answers_503(endless):
-    srv, pipe = endless
-    running = open_stream(srv, "/v1/completions", {"prompt": "p", "stream": True})
-    assert wait_for(lambda: pipe.started == 1)
-    response = running.getresponse()
-    queued = open_stream(srv, "/v1/completions", {"prompt": "q"})
-    assert wait_for(lambda: healthy(srv)["queued"] == 1)
-    status, out = call(srv, "/v1/completions", {"prompt": "r"})
-    assert status == 503 and "1 requests already queued" in out["error"]["message"]
-    assert out["error"]["type"] == "server_error"
-    response.close()
-    running.close()
-    assert wait_for(lambda: pipe.started == 2)  # FIFO: the queued request runs next
-    queued.close()
-    assert wait_for(lambda: pipe.closed == 2 and healthy(srv)["cancelled"] == 2)
+def test_a_request_that_waits_too_long_gets_503(monkeypatch):
+    srv = start(max_batch=1, max_queue_wait=0.3)
+    slow_cycles(monkeypatch, srv, 0.05)
+    running = None
+    try:
+        running = open_request(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0,
+                                                            "stream": True})
+        assert wait_for(lambda: len(srv.scheduler.running) == 1)
+        t0 = time.monotonic()
+        status, out = call(srv, "/v1/completions", {"prompt": "late", "max_tokens": 5})
+        assert status == 503 and time.monotonic() - t0 >= 0.3
+        assert "--max-queue-wait 0.3" in out["error"]["message"] and out["error"]["type"] == "server_error"
+        assert srv.scheduler.counts["expired"] == 1 and len(srv.scheduler.running) == 1 and srv.healthy
+    finally:
+        if running is not None:
+            running.close()
+        srv.shutdown(timeout=0)
 
 
-def test_shutdown_ends_the_running_and_the_queued_requests():
-    pipe = EndlessPipe()
-    srv = start(pipe, max_queue=2)
-    running = open_stream(srv, "/v1/chat/completions", {"messages": HI, "stream": True})
-    assert wait_for(lambda: pipe.started == 1)
-    queued = open_stream(srv, "/v1/completions", {"prompt": "q"})
-    assert wait_for(lambda: healthy(srv)["queued"] == 1)
-    stop(srv)
-    assert pipe.closed == 1 and pipe.started == 1
-    last = [ln for ln in running.getresponse().read().decode().splitlines() if ln.startswith("data: ")][-1]
-    assert "server is shutting down" in json.loads(last[len("data: "):])["error"]["message"]
+def test_drain_finishes_running_requests_and_refuses_new_ones(ref, monkeypatch):
+    srv = start(max_batch=2)
+    address = srv.socket.getsockname()[:2]
+    gate = threading.Event()  # closed: the request stays running while the checks below run
+    slow_cycles(monkeypatch, srv, 0.01, gate)
+    try:
+        reader = StreamReader(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 60, "temperature": 0})
+        assert wait_for(lambda: len(srv.scheduler.running) == 1)
+        srv.begin_drain()
+        status, health = call(srv, "/health")
+        assert status == 503 and health["status"] == "shutting down" and health["running"] == 1
+        status, out = call(srv, "/v1/completions", {"prompt": "new", "max_tokens": 3})
+        assert status == 503 and "shutting down" in out["error"]["message"]
+        assert not srv.healthy and srv.scheduler.running
+        gate.set()
+        reader.join(30)
+        expected = ref.generate(HELD, max_new_tokens=60)
+        assert reader.data[-1] == "[DONE]" and streamed_text(reader.data) == expected.text
+        assert reader.data[-2]["choices"][0]["finish_reason"] == expected.finish_reason
+        assert wait_for(lambda: not srv._worker.is_alive())  # the scheduler stops once drained
+        assert srv.worker_error is None and srv.scheduler.counts["served"] == 1
+    finally:
+        gate.set()
+        srv.shutdown()
+    with pytest.raises(OSError):
+        socket.create_connection(address, 1)
+
+
+def test_shutdown_now_ends_a_running_stream_with_an_error(monkeypatch):
+    srv = start(max_batch=1)
+    host, port = srv.socket.getsockname()[:2]
+    slow_cycles(monkeypatch, srv, 0.05)
+    reader = StreamReader(srv, "/v1/chat/completions", {"messages": HI, "max_tokens": 400, "temperature": 0})
+    assert wait_for(lambda: reader.status == 200)
+    queued = open_request(srv, "/v1/completions", {"prompt": "q", "max_tokens": 5})
+    assert wait_for(lambda: len(srv.scheduler.waiting) == 1)
+    srv.shutdown(timeout=0)
+    reader.join(10)
+    assert not reader.is_alive() and srv.worker_error is None
+    last = reader.data[-1]
+    assert last != "[DONE]" and "server is shutting down" in last["error"]["message"]
+    assert last["error"]["type"] == "server_error"
+    assert all(c["choices"][0]["finish_reason"] is None for c in reader.data[:-1])
     response = queued.getresponse()
     assert response.status == 503 and "shutting down" in json.load(response)["error"]["message"]
+    assert srv.scheduler.counts["cancelled"] == 2
+    with pytest.raises(OSError):
+        socket.create_connection((host, port), 1)
 
 
 # ---------------------------------------------------------------------- the load client and the CLI
 def test_the_bench_load_client_measures_it(server, ref):
     prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": f"question {i}"},), source="test")
                for i in range(2)]
-    tokens = [len(ref.generate(messages=list(p.messages), max_new_tokens=12, temperature=0.0).token_ids)
-              for p in prompts]
+    outs = [ref.generate(messages=list(p.messages), max_new_tokens=12, temperature=0.0) for p in prompts]
     result = server_sweep(server.url + "/v1", prompts, [1, 2], model=None, max_tokens=12, temperature=0.0,
-                          requests_per_level=4, progress=False, warmup=0)
+                          requests_per_level=4, progress=False, warmup=0, texts=True)
     assert result["model"] == "tiny"
     for level in result["levels"]:
         assert level["errors"] == 0 and level["ok"] == 4 and level["token_count"] == "usage"
-        assert level["output_tokens"] == 2 * sum(tokens)
-
-
-def test_cli_serve_starts_and_stops(capsys, monkeypatch, tiny_target_dir):
-    serve_here, seen = BlockdraftServer.serve_here, {}
-
-    def record(self: BlockdraftServer) -> None:
-        seen["server"] = self
-        serve_here(self)
-
-    def ctrl_c_after_a_request(worker: Worker) -> None:
-        seen.update(healthy(seen["server"]))
-        seen["main thread"] = threading.current_thread() is threading.main_thread()
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(BlockdraftServer, "serve_here", record)
-    monkeypatch.setattr(Worker, "run", ctrl_c_after_a_request)
-    code = main(["serve", "--target", str(tiny_target_dir), "--port", "0", "--max-queue", "3", "--no-draft"])
-    _, err = capsys.readouterr()
-    assert code == 0 and seen["model"] == str(tiny_target_dir)
-    assert seen["main thread"]  # the model runs on the thread that loaded it (see Worker)
-    assert "at http://127.0.0.1:" in err and "up to 3 queued" in err and "shutting down" in err
+        assert level["output_tokens"] == 2 * sum(len(o.token_ids) for o in outs)
+        assert level["texts"] == [outs[i % 2].text for i in range(4)]
 
 
 @pytest.fixture
-def ctrl_c_raises() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt here, as in a terminal (a background job of a non-interactive shell
-    starts with SIGINT ignored, and `_thread.interrupt_main` would then do nothing)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+def signals_restored() -> Iterator[None]:
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     yield
-    signal.signal(signal.SIGINT, previous)
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
-def test_ctrl_c_on_the_worker_thread_ends_the_running_stream_with_a_503(ctrl_c_raises):
-    pipe = EndlessPipe()
-    srv = BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny", worker_thread=False)
-    lines: list[bytes] = []
+def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target_dir, signals_restored):
+    serve, seen = BlockdraftServer.serve, {}
 
-    def client() -> None:
-        conn = open_stream(srv, "/v1/completions", {"prompt": "p", "stream": True})
-        response = conn.getresponse()
-        lines.append(response.readline())
-        wait_for(lambda: pipe.started == 1)
-        _thread.interrupt_main()  # what Ctrl-C does to the main thread
-        lines.extend(response.read().split(b"\n\n"))
+    def client_then_sigterm() -> None:
+        try:
+            assert wait_for(lambda: "server" in seen and seen["server"].healthy)
+            srv = seen["server"]
+            seen["address"] = srv.socket.getsockname()[:2]
+            seen["health"] = healthy(srv)
+            seen["answer"] = call(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 5})
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
 
-    threading.Thread(target=client, daemon=True).start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            srv.serve_here()
-    finally:
-        srv.server_close()
-    assert wait_for(lambda: any(b"shutting down" in line for line in lines))
-    assert pipe.closed == 1 and not any(b"finish_reason\": \"" in line for line in lines)
-    threaded = BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny")
-    with pytest.raises(InvalidArgumentError, match="worker_thread=False"):
-        threaded.serve_here()
-    threaded.server_close()
+    def record(self: BlockdraftServer) -> None:
+        seen["server"] = self
+        seen["main thread"] = threading.current_thread() is threading.main_thread()
+        threading.Thread(target=client_then_sigterm, daemon=True).start()
+        serve(self)
+
+    monkeypatch.setattr(BlockdraftServer, "serve", record)
+    code = main(["serve", "--target", str(tiny_target_dir), "--port", "0", "--max-queue", "3", "--max-batch", "2",
+                 "--no-draft"])
+    _, err = capsys.readouterr()
+    assert code == 0 and seen["main thread"]  # the model runs on the thread that loaded it
+    assert seen["health"]["model"] == str(tiny_target_dir) and seen["health"]["max_batch"] == 2
+    status, out = seen["answer"]
+    assert status == 200 and out["usage"]["completion_tokens"] == 5
+    assert "--max-batch 2 rows x --max-model-len" in err and "up to 3 queued" in err and "stopped" in err
+    assert "at http://127.0.0.1:" in err
+    with pytest.raises(OSError):
+        socket.create_connection(seen["address"], 1)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--block-size", "99"], "block_size=99"),
+    (["--block-size", "99"], "block_size=99"),  # checked only when drafting: no --no-draft here
     (["--max-queue", "0"], "max_queue=0"),
+    (["--max-batch", "0"], "max_batch=0"),
+    (["--prefill-chunk", "0"], "prefill_chunk=0"),
+    (["--max-model-len", "100000"], "max_model_len=100000"),
+    (["--max-queue-wait", "0"], "max_queue_wait=0"),
+    (["--api-key", ""], "api_key=''"),
     (["--port", "{busy}"], "cannot listen on 127.0.0.1:{busy}"),
 ])
-def test_cli_serve_errors_exit_2(capsys, tiny_target_dir, args, message):
+def test_cli_serve_errors_exit_2(capsys, monkeypatch, tiny_target_dir, args, message):
+    def started(self: BlockdraftServer) -> None:  # instead of serving forever
+        self.close()
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(BlockdraftServer, "serve", started)
+    no_draft = [] if "--block-size" in args else ["--no-draft"]
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        code = main(["serve", "--target", str(tiny_target_dir), "--port", "0",
+        code = main(["serve", "--target", str(tiny_target_dir), "--port", "0", *no_draft,
                      *(a.format(busy=port) for a in args)])
     _, err = capsys.readouterr()
     [line] = [ln for ln in err.splitlines() if ln.startswith("blockdraft: error:")]

@@ -1,0 +1,81 @@
+"""The multi-server load sweep: its summary, ratios and identity counts, and one real run on a tiny server."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from blockdraft.bench import serve_sweep
+from blockdraft.bench.serve_sweep import identity, markdown, parse_server, summarize
+from blockdraft.errors import InvalidArgumentError
+
+
+def level(c: int, tok_s: float, texts: list[str | None], errors: int = 0) -> dict:
+    return {"concurrency": c, "output_tokens_per_s": tok_s, "requests_per_s": tok_s / 100, "latency_p50_s": 1.0,
+            "latency_p95_s": 2.0, "ttft_p50_s": 0.1, "ttft_p95_s": 0.2, "errors": errors, "requests": len(texts),
+            "texts": texts}
+
+
+def runs() -> list[dict]:
+    """Two rounds of a main server 'a' and a reference 'b'; 'a' differs from 'b' once, in a burst."""
+    return [
+        {"name": "a", "round": 0, "levels": [level(1, 50.0, ["x", "y"]), level(4, 120.0, ["x", "y", "x", "Z"])]},
+        {"name": "b", "round": 0, "levels": [level(1, 40.0, ["x", "y"]), level(4, 100.0, ["x", "y", "x", "y"])]},
+        {"name": "b", "round": 1, "levels": [level(1, 44.0, ["x", "y"]), level(4, 110.0, ["x", "y", "x", "y"])]},
+        {"name": "a", "round": 1, "levels": [level(1, 46.0, ["x", None]), level(4, 132.0, ["x", "y", "x", "y"])]},
+    ]
+
+
+def test_parse_server():
+    spec = parse_server("fifo@1,8=blockdraft serve --port {port} --max-batch 1", (1, 2))
+    assert spec.name == "fifo" and spec.concurrency == (1, 8)
+    assert spec.command == ["blockdraft", "serve", "--port", "{port}", "--max-batch", "1"]
+    assert parse_server("x=cmd {port}", (1, 2)).concurrency == (1, 2)
+    for bad in ("no-equals", "x=", "x=cmd without port"):
+        with pytest.raises(InvalidArgumentError, match="--server"):
+            parse_server(bad, (1,))
+
+
+def test_summary_means_rounds_and_keeps_each_round():
+    table = summarize(runs())
+    assert table["a"][1]["output_tokens_per_s"] == 48.0 and table["a"][1]["throughput_rounds"] == [50.0, 46.0]
+    assert table["b"][4]["output_tokens_per_s"] == 105.0 and table["a"][4]["requests"] == 8
+
+
+def test_identity_counts_replies_against_alone_and_the_reference():
+    report = identity(runs(), "b", prompts=2)
+    # a: round 0's burst has "Z" where alone said "y"; round 1's second solo reply failed, so replies to that
+    # prompt in round 1 are not compared (its c=1 level counts 1 reply, its c=4 level 2)
+    assert report["a"]["replies"] == 2 + 4 + 1 + 2
+    assert report["a"]["same_as_alone"] == report["a"]["replies"] - 1
+    assert report["a"]["same_as_reference"] == report["a"]["compared_with_reference"] - 1
+    assert report["b"]["same_as_alone"] == report["b"]["replies"] == 12
+
+
+def test_markdown_shows_ratios_with_the_per_round_spread():
+    result = {"summary": summarize(runs()), "main": "a", "baselines": ["b"], "prompts": 2, "max_tokens": 8,
+              "rounds": 2, "identity": identity(runs(), "b", 2), "direct": [{"output_tokens_per_s": 47.5}]}
+    text = markdown(result)
+    # c=4: mean 126 / 105 = 1.20; per round 120/100 = 1.20 and 132/110 = 1.20
+    assert "| 4 | 126.0 | 105.0 | 1.20x (1.20-1.20) |" in text
+    assert "1.14x (1.05-1.25)" in text  # c=1: 48 / 42; rounds 50/40 and 46/44
+    assert "47.5 tok/s" in text and "a 8/9 alone, 8/9 reference" in text
+
+
+@pytest.mark.slow
+def test_a_real_sweep_of_a_tiny_server(tmp_path, tiny_target_dir):
+    data = tmp_path / "prompts.jsonl"  # short: the tiny target's context is 512 bytes
+    data.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": text}]}) + "\n"
+                            for i, text in enumerate(["hi", "tell me a story"])))
+    serve = f"{sys.executable} -m blockdraft.cli serve --target {tiny_target_dir} --port {{port}} --max-batch 2"
+    code = serve_sweep.main(["--server", f"tiny={serve}", "--server", f"fifo@1={serve} --max-batch 1",
+                             "--baseline", "fifo", "--reference", "fifo", "--concurrency", "1,2", "--dataset", str(data), "--samples", "2",
+                             "--max-tokens", "6", "--rounds", "2", "--no-direct", "--port", "0", "--out",
+                             str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["name"] for r in result["runs"]] == ["tiny", "fifo", "fifo", "tiny"]  # ABBA
+    assert all(lv["errors"] == 0 for r in result["runs"] for lv in r["levels"])
+    assert result["identity"]["tiny"]["same_as_reference"] == result["identity"]["tiny"]["compared_with_reference"] > 0
+    assert (tmp_path / "throughput.png").stat().st_size > 0 and "tiny x fifo" in (tmp_path / "sweep.md").read_text()
