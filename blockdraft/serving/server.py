@@ -128,14 +128,17 @@ class BlockdraftServer:
         """Serve HTTP from a background thread and run the model on this one until SIGTERM / SIGINT or
         `shutdown()`; then drain and close."""
         self._start_http()
+        previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):  # the handler runs between two bytecodes of the
-                signal.signal(sig, self._on_signal)    # model thread, which may hold the scheduler's lock
+                previous[sig] = signal.signal(sig, self._on_signal)  # model thread, which may hold the scheduler's lock
         self._worker_alive = True
         try:
             self._run_worker()
         finally:
             self.close()
+            for sig, handler in previous.items():  # a later SIGTERM / Ctrl-C must not go to a closed server
+                signal.signal(sig, handler)
 
     def _start_http(self) -> None:
         self._http_thread = threading.Thread(target=self.http.run, kwargs={"sockets": [self.socket]},
@@ -149,6 +152,9 @@ class BlockdraftServer:
     def _run_worker(self) -> None:
         try:
             self.scheduler.run()
+            # what a drain left when its time ran out (or a stop): answered now, on the thread that owns the
+            # rows, also when no shutdown() / close() follows (start() + begin_drain(), as on SIGTERM)
+            self.scheduler.cancel_all("server is shutting down")
         except BaseException as exc:
             self.worker_error = exc
             log.exception("the model worker stopped")

@@ -170,18 +170,18 @@ def test_cancelled_jobs_leave_the_queue_and_their_rows(pipe):
 
 
 def test_a_job_that_waited_too_long_expires(pipe):
-    sched = Scheduler(pipe, max_batch=1, max_model_len=256, max_queue_wait=0.5)
+    sched = Scheduler(pipe, max_batch=1, max_model_len=256, max_queue_wait=30)
     running, r_events = make_job(pipe, "running", prompt=HELD, max_new_tokens=200, temperature=0.0)
     late, l_events = make_job(pipe, "late", prompt="abc", max_new_tokens=5, temperature=0.0)
     fresh, f_events = make_job(pipe, "fresh", prompt="abc", max_new_tokens=5, temperature=0.0)
     for job in (running, late, fresh):
         sched.submit(job)
     sched.step()
-    late.arrived = time.perf_counter() - 1.0  # as if it had waited a second
+    late.arrived = time.perf_counter() - 31  # as if it had waited 31 s
     sched.step()
     [event] = l_events
     assert isinstance(event, Failed) and isinstance(event.error, QueueTimeout)
-    assert "--max-queue-wait 0.5" in str(event.error)
+    assert "--max-queue-wait 30 s" in str(event.error)
     assert list(sched.waiting) == [fresh] and not f_events and sched.counts["expired"] == 1
     assert sched.running == {0: running} and running.state.token >= 0  # the running job carries on
 

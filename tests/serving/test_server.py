@@ -376,7 +376,8 @@ def test_api_key(ref):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k"}):
             status, out = call(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 3}, headers=headers)
             assert status == 401 and out["error"]["code"] == "invalid_api_key"
-            assert out["error"]["type"] == "invalid_request_error" and "Authorization: Bearer" in out["error"]["message"]
+            assert out["error"]["type"] == "invalid_request_error"
+            assert "Authorization: Bearer" in out["error"]["message"]
             assert call(srv, "/v1/models", headers=headers)[0] == 401
         with pytest.raises(openai.AuthenticationError) as wrong:
             client(srv, "wrong").chat.completions.create(model="tiny", messages=HI, max_tokens=3)
@@ -443,11 +444,13 @@ def test_a_concurrent_burst_gets_what_each_request_gets_alone(server, ref, monke
         t.join(120)
     assert results == expected
     after = scrape(server)
-    cycles = metric(after, "blockdraft_cycle_rows_count") - metric(before, "blockdraft_cycle_rows_count")
-    solo = metric(after, "blockdraft_cycle_rows_bucket", le="1.0") - metric(before, "blockdraft_cycle_rows_bucket", le="1.0")
-    assert cycles > solo  # some cycles verified several rows at once
-    batched = metric(after, "blockdraft_cycle_rows_bucket", le="4.0") - metric(before, "blockdraft_cycle_rows_bucket", le="4.0")
-    assert batched == cycles  # never more than --max-batch 4
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    cycles = delta("blockdraft_cycle_rows_count")
+    assert cycles > delta("blockdraft_cycle_rows_bucket", le="1.0")  # some cycles verified several rows at once
+    assert delta("blockdraft_cycle_rows_bucket", le="4.0") == cycles  # never more than --max-batch 4
     assert not server.scheduler.busy and metric(after, "blockdraft_running_rows") == 0
 
 
@@ -698,6 +701,29 @@ def test_drain_finishes_running_requests_and_refuses_new_ones(ref, monkeypatch):
         socket.create_connection(address, 1)
 
 
+def test_a_drain_that_runs_out_of_time_ends_what_is_left_with_503s(monkeypatch):
+    srv = start(max_batch=1, drain_timeout=0.3)
+    gate = threading.Event()
+    slow_cycles(monkeypatch, srv, 0.01, gate)
+    try:
+        reader = StreamReader(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0})
+        assert wait_for(lambda: len(srv.scheduler.running) == 1)
+        queued = open_request(srv, "/v1/completions", {"prompt": "q", "max_tokens": 5})
+        assert wait_for(lambda: len(srv.scheduler.waiting) == 1)
+        srv.begin_drain()  # as SIGTERM does; no shutdown() call
+        time.sleep(0.5)
+        gate.set()
+        response = queued.getresponse()
+        assert response.status == 503 and "shutting down" in json.load(response)["error"]["message"]
+        reader.join(10)
+        assert not reader.is_alive() and reader.status in (200, 503)  # 200: the stream had started
+        assert "shutting down" in reader.data[-1]["error"]["message"]
+        assert wait_for(lambda: not srv._worker.is_alive()) and not srv.scheduler.busy and srv.worker_error is None
+    finally:
+        gate.set()
+        srv.shutdown()
+
+
 def test_shutdown_now_ends_a_running_stream_with_an_error(monkeypatch):
     srv = start(max_batch=1)
     host, port = srv.socket.getsockname()[:2]
@@ -758,6 +784,7 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
     def record(self: BlockdraftServer) -> None:
         seen["server"] = self
         seen["main thread"] = threading.current_thread() is threading.main_thread()
+        seen["handlers"] = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         threading.Thread(target=client_then_sigterm, daemon=True).start()
         serve(self)
 
@@ -766,6 +793,7 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
                  "--no-draft"])
     _, err = capsys.readouterr()
     assert code == 0 and seen["main thread"]  # the model runs on the thread that loaded it
+    assert {sig: signal.getsignal(sig) for sig in seen["handlers"]} == seen["handlers"]  # serve() put them back
     assert seen["health"]["model"] == str(tiny_target_dir) and seen["health"]["max_batch"] == 2
     status, out = seen["answer"]
     assert status == 200 and out["usage"]["completion_tokens"] == 5
@@ -773,6 +801,34 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
     assert "at http://127.0.0.1:" in err
     with pytest.raises(OSError):
         socket.create_connection(seen["address"], 1)
+
+
+def test_serve_drains_on_a_first_signal_and_stops_on_a_second(monkeypatch, signals_restored):
+    srv = BlockdraftServer(tiny_pipeline("qwen3", seed=2, fast=True), ("127.0.0.1", 0), model_id="tiny", max_batch=1)
+    slow_cycles(monkeypatch, srv, 0.05)
+    seen: dict[str, Any] = {}
+
+    def client_and_signals() -> None:
+        try:
+            assert wait_for(lambda: srv.healthy)
+            seen["reader"] = reader = StreamReader(srv, "/v1/completions",
+                                                   {"prompt": HELD, "max_tokens": 400, "temperature": 0})
+            assert wait_for(lambda: reader.status == 200)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert wait_for(lambda: srv.draining.is_set())
+            seen["health"] = call(srv, "/health")
+            seen["running"] = len(srv.scheduler.running)  # the drain waits for it (30 s by default)...
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)  # ...a second signal does not
+
+    threading.Thread(target=client_and_signals, daemon=True).start()
+    t0 = time.monotonic()
+    srv.serve()  # here, on the main thread, until the second signal
+    assert time.monotonic() - t0 < 20 and srv.worker_error is None
+    assert seen["health"][0] == 503 and seen["health"][1]["status"] == "shutting down" and seen["running"] == 1
+    reader = seen["reader"]
+    reader.join(10)
+    assert reader.data[-1] != "[DONE]" and "shutting down" in reader.data[-1]["error"]["message"]
 
 
 @pytest.mark.parametrize("args, message", [
