@@ -14,14 +14,18 @@ table learned online from what the target actually accepted (Beta-smoothed count
 Before drafting, the same rate with a_k = the recent acceptance rate of slot k (decayed counts over past
 cycles) decides how many slots to draft at all: the drafter's cost is only worth paying for slots that may
 be verified, and when no draft length beats plain decoding (1 / c(1)) the cycle decodes plainly, drafting
-only every `probe_every` cycles (a few slots; in a batch one slot of one row, since the whole batch's
-verify is padded to its longest row) to keep learning; the interval doubles, up to 4x, while probes do not
-pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain decoding time
-(in a batch of 8 on a 2-core CPU a probe costs ~40% of a step, so ~40 cycles apart). In a batch the verify
-forward is compute-bound sooner, so the costs are those of the whole batch's forward per row: a curve
-measured at that batch size when one is given (`set_batch_cost`; `BatchEngine` measures it once per device
-and batch size), else interpolated linearly in the rows between the nearest known sizes, else extrapolated
-from the single-row curve by total tokens (which underestimates a batch's cost by 10-25% on a 2-core CPU).
+only every `probe_every` cycles (a few slots) to keep learning; the interval doubles, up to 4x, while
+probes do not pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain
+decoding time. In a batch the verify forward is compute-bound sooner and shared: the batch's verify is
+ragged (`FastTarget.forward(lengths=)`: a row's drafts cost only their own tokens' work), so a row that
+verifies n drafts while the others verify none is priced as c_rows(1 + n), the batch's forward where one
+row verifies 1 + n tokens and the others 1, and its rate is the batch's: (rows - 1 + E[committed]) /
+(c_rows(1 + n) + d), against a plain step's rows / c_rows(1). (Several rows drafting in one cycle are
+priced by their extra tokens together: c_rows(1 + all of them).) c_rows is a curve measured at that
+batch size when one is given (`set_batch_cost`; `BatchEngine` measures it once per device and batch size:
+the first extra token costs most, 20-40% of a step on a 2-core CPU at 8 rows, as the batch leaves the
+one-query kernels; the next ones little), else interpolated linearly in the rows between the nearest
+known sizes, else extrapolated from the single-row curve by total tokens (c(rows + n)).
 
 The curve is measured once per device and cached, at one context length; every verify forward is then
 compared with it and the policy corrects it online (`observe`, `CostDrift`), so a curve measured under
@@ -39,11 +43,10 @@ import torch
 
 from blockdraft.errors import InvalidArgumentError
 
-PROBE_DRAFTS = 4  # a probe drafts this many slots when decoding alone
-BATCH_PROBE_DRAFTS = 1  # and this many in a batch, where every row's verify is padded to the longest row
+PROBE_DRAFTS = 4  # a probe drafts this many slots
 # In a batch, speculation must beat plain decoding by this much: the rates leave out what a speculative row
-# costs besides the forwards (its bookkeeping, the padding of rows that verify less; measured: 2-4% at 8
-# rows on a 2-core CPU), which one row alone never notices next to its own gains.
+# costs besides the forwards (its bookkeeping, the attention over the padded rows, the drafter's per-call
+# overhead), which one row alone never notices next to its own gains.
 BATCH_MARGIN = 0.05
 
 
@@ -55,7 +58,7 @@ class AdaptiveVerify:
             raise InvalidArgumentError(f"probe_budget={probe_budget}: expected a fraction of the decoding time > 0")
         self.cost = _curve(cost)  # cost[q-1] = c(q), one row
         self.batch_cost: dict[int, torch.Tensor] = {}  # rows -> measured curve of that batch size
-        self._per_row: dict[int, torch.Tensor] = {}  # rows -> `_row_costs`
+        self._per_row: dict[int, torch.Tensor] = {}  # rows -> `_costs`
         self._plan: dict[int, tuple[list[float], float, float]] = {}  # rows -> `_slot_plan`, until `update`
         self.bins = bins
         self.accepted = torch.full((bins,), prior[0], dtype=torch.float64)
@@ -72,6 +75,7 @@ class AdaptiveVerify:
         self.ngram_tested: dict[int, float] = {}
         self.drift: dict[int, CostDrift] = {}  # rows -> what the verify forwards really took, vs the curve
         self.learn_costs = learn_costs  # False: trust `cost` as given (`observe` does nothing)
+        self.outcomes: dict[int, CycleOutcomes] = {}  # rows -> what whole cycles really committed per second
 
     @property
     def max_drafts(self) -> int:
@@ -83,23 +87,25 @@ class AdaptiveVerify:
         return self.accepted[b] / self.tested[b]
 
     def _rate(self, accept: torch.Tensor, rows: int = 1) -> torch.Tensor:
-        """(N + 1,) expected committed tokens per second per row, verifying n = 0..N drafts of acceptance
-        `accept` (N,), with `rows` rows sharing the verify forward (each pays c(rows (n + 1)) / rows + d)."""
+        """(N + 1,) expected committed tokens per second of the batch when one of its `rows` rows verifies
+        n = 0..N drafts of acceptance `accept` (N,) and the others none: (rows - 1 + E[committed]) /
+        (c_rows(1 + n) + d). One row: E[committed] / (c(1 + n) + d)."""
         n_max = min(accept.numel(), self.max_drafts)
         reach = torch.cumprod(accept[:n_max], 0)
-        committed = 1 + torch.cat([reach.new_zeros(1), torch.cumsum(reach, 0)])
-        return committed / (self._row_costs(rows)[: n_max + 1] + self.drafter_s)
+        committed = rows + torch.cat([reach.new_zeros(1), torch.cumsum(reach, 0)])
+        return committed / (self._costs(rows)[: n_max + 1] + self.drafter_s)
 
-    def _row_costs(self, rows: int) -> torch.Tensor:
-        """(N + 1,) each row's share of a verify of n = 0..N drafts with `rows` rows (cached per batch size)."""
+    def _costs(self, rows: int) -> torch.Tensor:
+        """(N + 1,) seconds of a ragged verify of `rows` rows where one verifies n = 0..N drafts and the others
+        none (cached per batch size)."""
         if rows not in self._per_row:
-            self._per_row[rows] = torch.tensor([self.forward_cost(rows, n + 1) / rows
+            self._per_row[rows] = torch.tensor([self.forward_cost(rows, n + 1)
                                                 for n in range(self.max_drafts + 1)], dtype=torch.float64)
         return self._per_row[rows]
 
     def expected_rate(self, confidence: torch.Tensor, rows: int = 1) -> torch.Tensor:
-        """(N + 1,) expected committed tokens per second per row when verifying n = 0..N drafts of this block
-        (`rows` rows sharing the verify forward)."""
+        """(N + 1,) expected committed tokens per second when verifying n = 0..N drafts of this block (of the
+        whole batch when `rows` rows share the verify forward, see `_rate`)."""
         return self._rate(self.rates(confidence), rows)
 
     def choose(self, confidence: torch.Tensor, rows: int = 1) -> int:
@@ -113,7 +119,8 @@ class AdaptiveVerify:
         return next(i for i, r in enumerate(rate) if r >= floor)
 
     def set_batch_cost(self, rows: int, cost: dict[int, float]) -> None:
-        """Use `cost` (seconds of a forward of q tokens in each of `rows` rows, q = 1..) for batches of `rows`."""
+        """Use `cost` ({q: seconds of a ragged forward of `rows` rows where one row verifies q tokens and the
+        others 1}, q = 1..) for batches of `rows`."""
         if not isinstance(rows, int) or rows < 2:
             raise InvalidArgumentError(f"rows={rows!r}: a batch cost curve is for 2 or more rows")
         self.batch_cost[rows] = _curve(cost)
@@ -125,13 +132,14 @@ class AdaptiveVerify:
         return _at(self.cost, tokens)
 
     def forward_cost(self, rows: int, q: int) -> float:
-        """Seconds of a verify forward of q tokens in each of `rows` rows: the measured curve, corrected by
-        what the forwards of this batch size actually took (`observe`)."""
+        """Seconds of a verify forward of `rows` rows where one verifies q tokens and the others 1 (one row: q
+        tokens): the measured curve, corrected by what the forwards of this batch size actually took (`observe`)."""
         drift = self.drift.get(rows)
         return self._curve_cost(rows, q) * (1.0 if drift is None else drift.factor(q))
 
-    def observe(self, q: int, seconds: float, rows: int = 1) -> None:
-        """Learn from a verify forward of q tokens per row (`rows` rows) that took `seconds`.
+    def observe(self, tokens: int, seconds: float, rows: int = 1) -> None:
+        """Learn from a verify forward of `tokens` real tokens over `rows` rows (>= 1 each; one row: q tokens)
+        that took `seconds`. Its extra tokens count as one row's: q = 1 + tokens - rows.
 
         The curve is measured once, at one context length, and cached; the machine's load, the context the
         requests really have, or a measurement disturbed by another job can make it wrong, and wrong in shape
@@ -139,16 +147,16 @@ class AdaptiveVerify:
         it, and the log of the ratio is learned per size and smoothed across neighbouring sizes (`CostDrift`),
         so the correction also reaches lengths next to the ones the policy chooses (the curve may price them
         too high for the policy ever to try them)."""
-        if not (self.learn_costs and q >= 1 and seconds > 0):
+        if not (self.learn_costs and tokens >= rows >= 1 and seconds > 0):
             return
-        drift = self.drift.setdefault(rows, CostDrift(self.max_drafts + 1))
+        drift, q = self.drift.setdefault(rows, CostDrift(self.max_drafts + 1)), 1 + tokens - rows
         if drift.add(q, seconds / self._curve_cost(rows, q)):
             self._per_row.pop(rows, None)
             self._plan.pop(rows, None)
 
     def _curve_cost(self, rows: int, q: int) -> float:
         if rows == 1 or not self.batch_cost:
-            return self.cost_of(rows * q)
+            return self.cost_of(rows + q - 1)
         if rows in self.batch_cost:
             return _at(self.batch_cost[rows], q)
         # linear in the rows between the nearest known sizes (one row counts), past the largest along the
@@ -161,21 +169,21 @@ class AdaptiveVerify:
 
     def draft_length(self, limit: int, rows: int = 1) -> int:
         """How many slots (<= limit) to draft this cycle, from the recent acceptance of each slot; 0 = decode
-        plainly. Per row, with `rows` rows in the verify forward: drafting n costs c(rows (n + 1)) / rows + d,
-        a plain step c(rows) / rows (a batch's plain step is already compute-bound, drafts are not free)."""
+        plainly. With `rows` rows in the verify forward, the batch's rate with this row's n drafts
+        (see `_rate`) against a plain step's (a batch's plain step is already compute-bound, drafts are not free)."""
         if limit <= 0:
             return 0
         history, plain, spacing = self._slot_plan(rows)
         history = history[:limit]  # n = 1..limit
         best = self._shortest_near_best(history) + 1
-        if history[best - 1] >= self._bar(plain, rows):  # beats a plain step
+        if history[best - 1] >= self._bar(plain, rows) and not self.plain_cycle(rows):  # beats a plain step
             self.skipped, self.interval = 0, self.probe_every
             return best
         self.skipped += 1 / rows  # counted in cycles: every row of a batch asks once per cycle
         if self.skipped >= max(self.interval, spacing):
             # a probe: draft a few slots, and wait longer before the next one
             self.skipped, self.interval = 0, min(2 * self.interval, 4 * self.probe_every)
-            return min(limit, self._probe_drafts(rows))
+            return min(limit, PROBE_DRAFTS)
         return 0
 
     def _slot_plan(self, rows: int) -> tuple[list[float], float, float]:
@@ -187,15 +195,11 @@ class AdaptiveVerify:
                                 self._probe_spacing(rows))
         return self._plan[rows]
 
-    @staticmethod
-    def _probe_drafts(rows: int) -> int:
-        return PROBE_DRAFTS if rows == 1 else BATCH_PROBE_DRAFTS
-
     def _probe_spacing(self, rows: int) -> float:
         """Fewest plain cycles between probes for them to cost at most `probe_budget` of the decoding time:
-        a probe pays the drafter and a verify of 1 + its drafts tokens per row instead of 1."""
+        a probe pays the drafter and its drafts' tokens in the (ragged) verify."""
         plain = self.forward_cost(rows, 1)
-        extra = self.forward_cost(rows, 1 + self._probe_drafts(rows)) - plain + self.drafter_s
+        extra = self.forward_cost(rows, 1 + PROBE_DRAFTS) - plain + self.drafter_s
         return max(0.0, extra) / (self.probe_budget * plain)
 
     def ngram_rate(self, match: int) -> float:
@@ -207,28 +211,42 @@ class AdaptiveVerify:
         """How many of `limit` looked-up drafts (after a `match`-token match) to verify; 0 when drafting with
         the drafter, or decoding plainly, is expected to commit more per second. A lookup costs no drafter
         forward, so its rate is committed tokens over the verify alone. In a batch of `rows` it is priced as
-        the one row that widens the verify: the whole batch's forward grows to k + 1 tokens per row while the
-        other rows still commit one token each (rates are the batch's tokens per second, as in `_slot_plan`)."""
+        the one row whose k drafts add k tokens to the ragged verify while the other rows still commit one
+        token each (rates are the batch's tokens per second, as in `_slot_plan`)."""
         if limit <= 0:
             return 0
         r, reach, committed, rate = self.ngram_rate(match), 1.0, 1.0, []
-        costs = self._batch_costs(rows)
+        costs = self._costs(rows).tolist()
         for k in range(1, min(limit, self.max_drafts) + 1):
             reach *= r
             committed += reach
             rate.append((rows - 1 + committed) / costs[k])
         history, plain, _ = self._slot_plan(rows)
         k = self._shortest_near_best(rate) + 1
-        return k if rate[k - 1] > max(self._bar(plain, rows), max(history[:limit])) else 0
+        pays = rate[k - 1] > max(self._bar(plain, rows), max(history[:limit]))
+        return k if pays and not self.plain_cycle(rows) else 0
+
+    def cycle_done(self, rows: int, speculative: bool, committed: int, seconds: float) -> None:
+        """Count a whole batch cycle of `rows` rows: whether any row verified drafts, the tokens all rows
+        committed and its seconds, drafting and bookkeeping included (`plain_cycle`)."""
+        if rows > 1 and seconds > 0:
+            self.outcomes.setdefault(rows, CycleOutcomes()).add(speculative, committed, seconds)
+
+    def plain_cycle(self, rows: int) -> bool:
+        """True when this batch size's next cycle decodes plainly whatever the rates say: when its recent
+        cycles in which rows verified drafts committed fewer tokens per second than those in which none did,
+        or when no plain cycle has run for a while (one in `CycleOutcomes.explore` keeps that comparison
+        current). The rates above are a model (a cost curve, an acceptance estimate); in a batch, where
+        speculation wins or loses by a few percent, a model error of that size decides, so what whole cycles
+        really took settles it. A losing batch size still probes, and the probes keep measuring. One row
+        alone never needs this (it gains 1.5-2x, or the model already decodes plainly)."""
+        outcome = self.outcomes.get(rows)
+        return outcome is not None and outcome.plain_cycle()
 
     @staticmethod
     def _bar(plain: float, rows: int) -> float:
         """The rate speculation must reach: a plain step's, raised by BATCH_MARGIN in a batch."""
         return plain if rows == 1 else plain * (1 + BATCH_MARGIN)
-
-    def _batch_costs(self, rows: int) -> list[float]:
-        """[n] = seconds of the whole batch's verify of n + 1 tokens per row (n = 0..N), as a list."""
-        return [c * rows for c in self._row_costs(rows).tolist()]
 
     def update_ngram(self, match: int, verified: int, accepted: int) -> None:
         """Learn from a cycle that verified `verified` looked-up drafts after a `match`-token match."""
@@ -255,6 +273,28 @@ class AdaptiveVerify:
             counts.mul_(self.decay).add_((1 - self.decay) * base)
         self.slot_tested[:tested] += ones
         self.slot_passed[:tested] += hits
+
+
+class CycleOutcomes:
+    """Decayed tokens and seconds of a batch size's recent cycles, with drafts and without; each cycle counts
+    `decay` less per later one of its kind (~1 / (1 - decay) are remembered). A verdict needs `least`
+    (decayed) cycles of each kind; after `explore` cycles without a plain one, the next is plain."""
+
+    def __init__(self, decay: float = 0.98, least: float = 4.0, explore: int = 16) -> None:
+        self.decay, self.least, self.explore = decay, least, explore
+        self.sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # kind -> [cycles, tokens, seconds]
+        self.since_plain = 0
+
+    def add(self, speculative: bool, committed: int, seconds: float) -> None:
+        kept = self.sums[speculative]
+        self.sums[speculative] = [kept[0] * self.decay + 1, kept[1] * self.decay + committed,
+                                  kept[2] * self.decay + seconds]
+        self.since_plain = self.since_plain + 1 if speculative else 0
+
+    def plain_cycle(self) -> bool:
+        (n_s, tok_s, sec_s), (n_p, tok_p, sec_p) = self.sums[True], self.sums[False]
+        losing = min(n_s, n_p) >= self.least and tok_s * sec_p < tok_p * sec_s
+        return losing or self.since_plain >= self.explore
 
 
 class CostDrift:

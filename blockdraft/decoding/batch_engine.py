@@ -2,7 +2,8 @@
 
     each cycle: every active row drafts (its own block size, verify length, sampling parameters and
     generator; one drafter forward and one LM-head matmul for all rows) -> one target forward over all
-    rows, [token, drafts, padding] each, at the rows' own positions -> each row verifies and commits on
+    rows, [token, drafts, padding] each, at the rows' own positions, ragged (the projections and MLPs run on
+    the real tokens only, so a row that verifies more costs only its own tokens) -> each row verifies and commits on
     its own -> cache rows roll back to their committed lengths (free: the static cache keeps per-row
     lengths) -> finished rows leave, queued requests take their cache rows at once (continuous batching;
     a new row's prefill runs alone).
@@ -89,14 +90,20 @@ class Batch:
             ids[i, 0] = s.token
             ids[i, 1:n + 1] = p.drafts
             ids[i, n + 1:] = s.token  # padding after the real tokens: masked by position, rolled back
-        view = None if active == list(range(len(active))) else active
+        lengths = [1 + p.drafts.numel() for p in props]
         features = any(s.speculative for s in states)
-        kw = {"rows": view} if self.batched else {}
         t1 = now(device)
-        logits, feats = target.forward(ids, self.cache, [s.start for s in states] if self.batched else states[0].start,
-                                       features=features, **kw)
+        if self.batched:  # ragged: the rows' real tokens only go through the projections and MLPs
+            view = None if active == list(range(len(active))) else active
+            logits, feats = target.forward(ids, self.cache, [s.start for s in states], features=features,
+                                           rows=view, lengths=lengths)
+            logits = logits.split(lengths)
+            feats = feats.split(lengths) if feats is not None else [None] * len(active)
+        else:
+            logits, feats = target.forward(ids, self.cache, states[0].start, features=features)
+            feats = [None] * len(active) if feats is None else feats
         if engine.policy is not None and any(s.policy is not None for s in states):
-            engine.policy.observe(width, now(device) - t1, rows=len(active))
+            engine.policy.observe(sum(lengths), now(device) - t1, rows=len(active))
         committed = {}
         for i, (r, s, p) in enumerate(zip(active, states, props)):
             committed[r] = engine.settle(s, p, logits[i], feats[i] if s.speculative else None)
@@ -104,6 +111,9 @@ class Batch:
         elapsed = now(device) - t0
         for s in states:
             s.stats.decode_time += elapsed
+        if engine.policy is not None and any(s.policy is not None for s in states):
+            engine.policy.cycle_done(len(active), sum(lengths) > len(active), sum(map(len, committed.values())),
+                                     elapsed)
         return committed
 
 

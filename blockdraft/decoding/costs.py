@@ -21,15 +21,17 @@ from blockdraft.modeling.target import TargetModel
 
 log = logging.getLogger(__name__)
 
-FORWARD_VERSION = 4  # part of the cache key: bumped whenever the fast path's forward kernels or the way
-# the curve is measured change
+FORWARD_VERSION = 5  # part of the cache key: bumped whenever the fast path's forward kernels or the way
+# the curve is measured change (5: batch curves of ragged verifies, grouped CPU attention)
 
 
 @torch.inference_mode()
 def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, repeats: int = 5,
                       seed: int = 0, rows: int = 1) -> dict[int, float]:
-    """{q: seconds of a forward of q new tokens in each of `rows` rows (features captured, as in
-    verification)} for q = 1..max_tokens. Batches (rows > 1) need the fast path.
+    """{q: seconds of a verify forward of q new tokens (features captured, as in verification)} for
+    q = 1..max_tokens. With `rows` > 1 (the fast path), a ragged batch as `Batch.cycle` runs it: one row
+    verifies q tokens and the others 1 each, at slightly different positions (so the cache is written by
+    index, as when requests of different lengths share the batch).
 
     The sizes are measured in rounds, each round timing every q once, in reverse order every other round
     (after one untimed warm-up round): a machine whose speed drifts during the measurement (a neighbour on a
@@ -47,11 +49,13 @@ def verify_cost_curve(target: TargetModel, max_tokens: int, context: int = 300, 
     target.forward(prompt, cache, 0, features=features, last_only=True)
     steps = {q: torch.randint(0, target.vocab_size, (rows, q), generator=g).to(device)
              for q in range(1, max_tokens + 1)}
+    starts = context if rows == 1 else [context - r for r in range(rows)]
     times: dict[int, list[float]] = {q: [] for q in steps}
     for r in range(repeats + 1):
         for q in (steps if r % 2 == 0 else reversed(steps)):
+            ragged = {} if rows == 1 else {"lengths": [q] + [1] * (rows - 1)}
             t0 = now(device)
-            target.forward(steps[q], cache, context, features=features)
+            target.forward(steps[q], cache, starts, features=features, **ragged)
             if r:  # the first round warms up
                 times[q].append(now(device) - t0)
             _rollback(target, cache, context, rows)

@@ -106,13 +106,21 @@ class FastTarget(TargetModel):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int | Sequence[int], *,
-                features: bool = True, last_only: bool = False,
-                rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                features: bool = True, last_only: bool = False, rows: Sequence[int] | None = None,
+                lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tokens (b, q) of cache rows `rows` (default 0..b-1) at positions start[i]..start[i]+q-1.
 
         Returns logits (b, q or 1, V) and, when `features`, the selected layers' outputs (b, q, K*D).
+
+        With `lengths` (real tokens per row, <= q; the rest is padding), a ragged batch: the projections and
+        the MLP run on the real tokens only (a batch where one row verifies 5 tokens and seven verify 1 costs
+        12 tokens' work, not 40), attention on the padded rows (padding sits after a row's real tokens, so
+        causal masking hides it and the caller's rollback discards it). Logits (sum(lengths), V) and features
+        (sum(lengths), K*D) then come flat, the rows' real tokens one after another.
         """
         b, q = input_ids.shape
+        if lengths is not None and (last_only or len(lengths) != b or not all(1 <= n <= q for n in lengths)):
+            raise ValueError(f"lengths={list(lengths)}: expected {b} lengths in 1..{q}, without last_only")
         starts = [start] * b if isinstance(start, int) else list(start)
         span = max(starts) + q
         cache.ensure(span)
@@ -130,11 +138,19 @@ class FastTarget(TargetModel):
         x = self.embedding(input_ids)
         cos, sin = self.rotary(x, positions)
         cos, sin = cos[:, None], sin[:, None]
+        real = None  # flat indices of the real tokens among the b * q, when some are padding
+        if lengths is not None and sum(lengths) < b * q:
+            real = (torch.arange(q, device=device)[None] < torch.tensor(list(lengths), device=device)[:, None])
+            real = real.flatten().nonzero().squeeze(1)
+            x = x.flatten(0, 1)[real]  # (T, D)
+        elif lengths is not None:
+            x = x.flatten(0, 1)
         wanted = set(self.feature_layer_ids) if features else set()
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             h = _rms_norm(layer.input_layernorm, x)
-            x = x + self._attention(i, layer, h, cache, positions, row_idx, contiguous, at, span, cos, sin, mask)
+            x = x + self._attention(i, layer, h, cache, positions, row_idx, contiguous, at, span, cos, sin, mask,
+                                    None if lengths is None else (real, b, q))
             x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
             if i in wanted:
                 captured[i] = x
@@ -146,13 +162,18 @@ class FastTarget(TargetModel):
 
     def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor,
                    row_idx: torch.Tensor, contiguous: bool, at: slice | None, span: int, cos: torch.Tensor,
-                   sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+                   sin: torch.Tensor, mask: torch.Tensor | None,
+                   ragged: tuple[torch.Tensor | None, int, int] | None = None) -> torch.Tensor:
+        """Self-attention of layer i. `ragged` = (real, b, q): h holds the real tokens flat (T, D); the
+        projections run on them, attention on the rows padded to (b, q)."""
         attn = layer.self_attn
-        b, q, _ = h.shape
         if self._fused:
             qkv = self._fused[i][0](h)
         else:
             qkv = torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        if ragged is not None:
+            qkv = _scatter(qkv, *ragged)
+        b, q, _ = qkv.shape
         heads = qkv.view(b, q, -1, self.head_dim)  # (b, q, H + 2 Hkv, d): queries, keys, values
         n_q = self.n_heads
         qk, vs = heads[:, :, : n_q + self.n_kv], heads[:, :, n_q + self.n_kv:]
@@ -170,9 +191,13 @@ class FastTarget(TargetModel):
             keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
         else:
             keys, values = cache.k[i, row_idx, :, :span], cache.v[i, row_idx, :, :span]
-        out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
-                                             enable_gqa=qs.shape[1] != keys.shape[1])
-        return attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))
+        if _grouped(qs):
+            out = _grouped_attention(qs, keys, values, mask, self.scaling)
+        else:
+            out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
+                                                 enable_gqa=qs.shape[1] != keys.shape[1])
+        out = out.transpose(1, 2).reshape(b, q, -1)
+        return attn.o_proj(out if ragged is None else _gather(out, ragged[0]))
 
     def _mlp(self, i: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
@@ -180,3 +205,35 @@ class FastTarget(TargetModel):
             return mlp(h)
         gate, up = self._fused[i][1](h).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def _scatter(flat: torch.Tensor, real: torch.Tensor | None, b: int, q: int) -> torch.Tensor:
+    """(T, D) real tokens -> (b, q, D), zeros at the padding (`real`: their flat indices; None: no padding)."""
+    if real is None:
+        return flat.view(b, q, -1)
+    return flat.new_zeros(b * q, flat.shape[-1]).index_copy_(0, real, flat).view(b, q, -1)
+
+
+def _gather(padded: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """(b, q, D) -> (T, D): the real tokens, rows one after another."""
+    flat = padded.flatten(0, 1)
+    return flat if real is None else flat[real]
+
+
+def _grouped(qs: torch.Tensor) -> bool:
+    """Attention by `_grouped_attention`: on a CPU, for a batch of rows with a few queries each (a verify).
+    There torch's SDPA kernel takes 2-3x longer for q = 2..8 than for q = 1 (measured on a 2-core CPU at 8-16
+    rows; it stays the better choice for one row and for prefills)."""
+    return qs.device.type == "cpu" and qs.shape[0] > 1 and 1 < qs.shape[2] <= 16
+
+
+def _grouped_attention(qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v with the query heads that share a key/value head stacked into one matmul
+    (queries (b, H, q, d), keys and values (b, Hkv, L, d), additive mask (b, 1, q, L)) -> (b, H, q, d)."""
+    b, heads, q, d = qs.shape
+    kv, span = keys.shape[1], keys.shape[2]
+    group = heads // kv  # query head h reads key/value head h // group
+    scores = qs.reshape(b, kv, group * q, d) @ keys.transpose(-1, -2)  # (b, Hkv, group * q, L)
+    weights = (scores.view(b, kv, group, q, span) * scale + mask[:, :, None]).softmax(-1)
+    return (weights.view(b, kv, group * q, span) @ values).view(b, heads, q, d)

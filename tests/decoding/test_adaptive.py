@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.decoding.adaptive import BATCH_PROBE_DRAFTS, PROBE_DRAFTS, AdaptiveVerify
+from blockdraft.decoding.adaptive import PROBE_DRAFTS, AdaptiveVerify
 from blockdraft.decoding.engine import SpeculativeEngine
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
@@ -152,7 +152,7 @@ def test_a_batch_drafts_only_when_its_compute_bound_verify_still_pays():
     assert all(policy.draft_length(15, rows=8) == 0 for _ in range(5))  # 8 rows x drafts: compute-bound
     policy.skipped, policy.interval = 0, 2
     calls = [policy.draft_length(15, rows=8) for _ in range(16)]  # two cycles of 8 rows: one probe, one row
-    assert calls == [0] * 15 + [BATCH_PROBE_DRAFTS]
+    assert calls == [0] * 15 + [PROBE_DRAFTS]
     gpu = AdaptiveVerify({q: 1.0 for q in range(1, 17)})
     for _ in range(100):
         gpu.update(torch.full((15,), 0.5), verified=15, accepted=3, drafter_s=0.01)
@@ -193,12 +193,12 @@ def test_probes_are_spaced_to_cost_at_most_the_budget():
     policy.set_batch_cost(4, batch)
     for _ in range(100):
         policy.update(torch.full((7,), 0.5), verified=7, accepted=0, drafter_s=0.5)
-    # per probe: (c(4 rows, 2) - c(4 rows, 1)) + drafter 0.5 = 1.5 = 5% of 30 plain steps of 1.0
-    assert policy._probe_spacing(4) == pytest.approx(30.0)
+    # per probe: one row verifies its 4 drafts, c_4(5) - c_4(1) = 4.0, + drafter 0.5 = 4.5 = 5% of 90 plain steps
+    assert policy._probe_spacing(4) == pytest.approx(90.0)
     cycles = 0
     while policy.draft_length(7, rows=4) == 0:
         cycles += 1 / 4
-    assert cycles == pytest.approx(30.0, abs=0.25)
+    assert cycles == pytest.approx(90.0, abs=0.25)
     # one row: a 4-draft verify costs one step, so only the drafter counts: 0.5 / (0.05 * 1.0) = 10 cycles
     assert policy._probe_spacing(1) == pytest.approx(10.0)
 
@@ -227,13 +227,17 @@ def test_adaptive_lookups_keep_greedy_output_the_targets(arch):
     assert engine.policy.ngram_tested, "the policy must have verified looked-up drafts"
 
 
-def test_a_lookup_in_a_batch_pays_for_widening_every_rows_verify():
+def test_a_lookup_in_a_batch_pays_for_its_own_tokens_in_the_ragged_verify():
     policy = AdaptiveVerify({q: 1.0 for q in range(1, 9)})  # one row: a verify costs one step
-    policy.set_batch_cost(8, {q: 1.0 + 0.5 * (q - 1) for q in range(1, 9)})  # 8 rows: +50% per token
+    # 8 rows, one of them verifying q tokens: +30% for the first extra token, +5% for each further one
+    policy.set_batch_cost(8, {q: 1.0 + (0.0 if q == 1 else 0.25 + 0.05 * (q - 1)) for q in range(1, 9)})
     for _ in range(20):
         policy.update_ngram(3, 7, 7)
     assert policy.ngram_length(3, 7, rows=1) == 7
-    # alone in a batch of 8, even 8 sure tokens for one row cost the other seven 3.5 steps: plain is better
+    # one row's 7 sure drafts: 15 tokens in 1.6 steps, 1.17x a plain step's 8 in 1
+    assert policy.ngram_length(3, 7, rows=8) == 7
+    # compute-bound (each extra token costs a row's share of a step): 15 tokens in 1.875 steps, plain is better
+    policy.set_batch_cost(8, {q: 1.0 + (q - 1) / 8 for q in range(1, 9)})
     assert policy.ngram_length(3, 7, rows=8) == 0
 
 
@@ -242,7 +246,7 @@ def test_in_a_batch_speculation_must_beat_plain_by_a_margin():
     for _ in range(50):
         policy.update_ngram(3, 1, 1)  # looked-up drafts after 3-token matches always pass
         policy.update(torch.full((1,), 0.05), 1, 0, 0.0)  # the drafter's never do
-    policy.set_batch_cost(8, {1: 1.0, 2: 1.1})
+    policy.set_batch_cost(8, {1: 1.0, 2: 1.1})  # one row's draft adds 10% to the batch's step
     assert policy.ngram_length(3, 1, rows=8) == 0  # 9 tokens in 1.1 steps: only 2% over 8 in one
     policy.set_batch_cost(8, {1: 1.0, 2: 1.05})
     assert policy.ngram_length(3, 1, rows=8) == 1  # 7% over
@@ -284,6 +288,53 @@ def test_each_batch_size_learns_its_own_correction():
     policy = AdaptiveVerify({q: 1.0 for q in range(1, 5)})
     policy.set_batch_cost(4, {q: 2.0 for q in range(1, 5)})
     for _ in range(100):
-        policy.observe(2, 4.0, rows=4)
+        policy.observe(5, 4.0, rows=4)  # 5 tokens over 4 rows: one row verifies 2
     assert policy.forward_cost(4, 2) == pytest.approx(4.0, rel=0.1)
     assert policy.forward_cost(1, 2) == 1.0
+
+
+def test_ragged_forwards_count_their_extra_tokens_as_one_rows():
+    policy = AdaptiveVerify({q: 1.0 + 0.1 * q for q in range(1, 5)})
+    assert policy.forward_cost(4, 2) == policy.cost_of(5)  # no batch curve: by total tokens, 3 + 2
+    policy.set_batch_cost(4, {q: float(q) for q in range(1, 5)})
+    for _ in range(100):  # 4 rows, two of them verifying 2 tokens: 6 tokens, priced as one row's 3
+        policy.observe(6, 6.0, rows=4)
+    assert policy.forward_cost(4, 3) == pytest.approx(6.0, rel=0.1)
+    assert policy.forward_cost(4, 1) < 1.6  # its neighbours move part of the way only
+    policy.observe(3, 1.0, rows=4)  # fewer tokens than rows: not a forward of these rows, ignored
+    assert policy.drift[4].seen == 100
+
+
+def _paying_batch_policy() -> AdaptiveVerify:
+    """8 rows where, by the model, one row's sure looked-up drafts pay (a draft adds 5% to the step)."""
+    policy = AdaptiveVerify({q: 1.0 for q in range(1, 9)})
+    policy.set_batch_cost(8, {q: 1.0 + 0.05 * (q - 1) for q in range(1, 9)})
+    for _ in range(20):
+        policy.update_ngram(3, 7, 7)
+    return policy
+
+
+def test_a_batch_size_whose_speculative_cycles_commit_less_per_second_decodes_plainly():
+    policy = _paying_batch_policy()
+    assert policy.ngram_length(3, 7, rows=8) == 7
+    for _ in range(10):  # measured: cycles with drafts commit 12 tokens in 1.5 s, plain ones 8 in 0.9 s
+        policy.cycle_done(8, True, 12, 1.5)
+        policy.cycle_done(8, False, 8, 0.9)
+    assert policy.plain_cycle(8) and policy.ngram_length(3, 7, rows=8) == 0
+    assert policy.ngram_length(3, 7, rows=4) == 7  # another batch size keeps its own verdict
+    for _ in range(200):  # the drafts start to pay (say the requests now repeat themselves more)
+        policy.cycle_done(8, True, 16, 1.2)
+    policy.cycle_done(8, False, 8, 0.9)
+    assert not policy.plain_cycle(8) and policy.ngram_length(3, 7, rows=8) == 7
+    policy.cycle_done(1, True, 1, 1.0)  # one row alone is left to the model
+    assert 1 not in policy.outcomes
+
+
+def test_a_batch_that_always_drafts_still_runs_a_plain_cycle_to_compare_with():
+    policy = _paying_batch_policy()
+    plain = []
+    for _ in range(40):
+        skip = policy.plain_cycle(8)
+        plain.append(skip)
+        policy.cycle_done(8, not skip, 8 if skip else 14, 1.0)  # drafting pays: 14 tokens a cycle, not 8
+    assert plain.count(True) == 2 and plain[16] and plain[33]  # one in 17: after 16 speculative cycles

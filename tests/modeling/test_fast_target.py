@@ -70,8 +70,44 @@ def test_rows_in_order_attend_to_views_of_the_cache(monkeypatch):
         return sdpa(q, k, v, **kw)
 
     monkeypatch.setattr(ft.F, "scaled_dot_product_attention", spy)
-    fast.forward(torch.randint(0, 96, (3, 2)), cache, [6, 4, 5], features=False)  # different starts, rows in order
+    fast.forward(torch.randint(0, 96, (3, 1)), cache, [6, 4, 5], features=False)  # different starts, rows in order
     assert seen and all(seen)
     seen.clear()
     fast.forward(torch.randint(0, 96, (2, 1)), cache, [8, 7], features=False, rows=[2, 0])  # a subset: gathered
     assert seen and not any(seen)
+
+
+def test_a_ragged_batch_equals_each_row_alone_and_runs_only_its_real_tokens(arch, monkeypatch):
+    """lengths=: rows verify different numbers of tokens; each row's real tokens give its solo logits and
+    features (flat, rows one after another), the rest of its cache is untouched, and the projections see
+    only the real tokens (a row of 5 next to rows of 1 costs 5 + 1 + 1 tokens, not 15)."""
+    import blockdraft.modeling.fast_target as ft
+
+    model = tiny_hf_model(arch, layers=3)
+    fast = FastTarget(model)
+    fast.set_feature_layers([0, 2])
+    prompts = [torch.randint(0, 96, (1, n)) for n in (5, 11, 8)]
+    cache = fast.new_cache(rows=3)
+    for r, p in enumerate(prompts):
+        fast.forward(p, cache, 0, rows=[r])
+    step, lengths = torch.randint(0, 96, (3, 5)), [1, 5, 2]
+    seen = []
+    mlp = ft.FastTarget._mlp
+    monkeypatch.setattr(ft.FastTarget, "_mlp", lambda self, i, layer, h: seen.append(h.shape[0]) or mlp(self, i, layer, h))
+    logits, feats = fast.forward(step, cache, [5, 11, 8], lengths=lengths)
+    assert seen == [sum(lengths)] * 3 and logits.shape[0] == feats.shape[0] == sum(lengths)
+    monkeypatch.undo()
+    for r, (p, n, lg, fe) in enumerate(zip(prompts, lengths, logits.split(lengths), feats.split(lengths))):
+        solo, solo_feats = fast.forward(torch.cat([p, step[r:r + 1, :n]], 1), fast.new_cache(), 0)
+        assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
+        assert torch.allclose(fe, solo_feats[0, -n:], atol=1e-10)
+    fast.rollback(cache, 5, row=0)  # the padding after row 0's one real token is rolled back: next step
+    nxt = torch.randint(0, 96, (1, 3))  # continues exactly as if the row had been alone
+    sub, _ = fast.forward(nxt, cache, [6], rows=[0])
+    solo, _ = fast.forward(torch.cat([prompts[0], step[:1, :1], nxt], 1), fast.new_cache(), 0)
+    assert torch.allclose(sub[0], solo[0, -3:], atol=1e-10)
+    full, _ = fast.forward(step[:, :2], fast.new_cache(rows=3), 0, lengths=[2, 2, 2])  # no padding: flat too
+    assert full.shape[0] == 6
+    import pytest
+    with pytest.raises(ValueError, match="lengths"):
+        fast.forward(step, cache, [5, 11, 8], lengths=[1, 6, 2])
