@@ -11,6 +11,8 @@ import sys
 
 from blockdraft.api import DEFAULT_SAMPLER
 from blockdraft.bench.command import add_parser as add_bench_parser
+from blockdraft.qualify.command import add_parser as add_qualify_parser
+from blockdraft.qualify.command import run_qualify
 from blockdraft.bench.command import run_bench_command
 from blockdraft.decoding.sampling import SAMPLERS
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
@@ -309,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     add_training_parsers(sub)
     add_bench_parser(sub)
+    add_qualify_parser(sub)
     _export_parser(sub)
     return parser
 
@@ -324,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()  # its per-load "Loading weights" bar; ours (tqdm) stay
     try:
         return {"generate": run_generate, "info": run_info, "data": run_data, "train": run_train,
-                "bench": run_bench_command, "export": run_export, "serve": run_serve}[args.command](args)
+                "bench": run_bench_command, "qualify": run_qualify, "export": run_export,
+                "serve": run_serve}[args.command](args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)
         return 2

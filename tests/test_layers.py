@@ -14,7 +14,8 @@ LAYERS = {
     "decoding": 2,  # sampling, acceptance, policies, engines, stats
     "api": 3,       # the Python front end
     "serving": 4, "bench": 4, "train": 4,  # front ends built on the API (siblings: independent)
-    "cli": 5,
+    "qualify": 5,   # the deployment pilot, built on the bench harness (and the server, through its command line)
+    "cli": 6,
 }
 HELPERS = {"errors", "files", "prompts"}
 

@@ -14,11 +14,18 @@ from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argumen
 log = logging.getLogger(__name__)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 4,8,16") from None
+def _list_of(convert: type, what: str, example: str):
+    """An argparse type for comma-separated values."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(convert(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {what}, e.g. {example}") from None
+    return parse
+
+
+int_list = _list_of(int, "integers", "4,8,16")
+float_list = _list_of(float, "numbers", "0,0.7")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per answer (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0 = off)")
-    p.add_argument("--block-sizes", type=_ints, default=(), help="DFlash run-time block sizes (default: trained)")
+    p.add_argument("--block-sizes", type=int_list, default=(), help="DFlash run-time block sizes (default: trained)")
     p.add_argument("--verify", default="adaptive",
                    help="DFlash verify modes, comma-separated: adaptive (default, as generate), fixed")
     p.add_argument("--methods", default=",".join(BenchSettings.methods),
@@ -74,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--base-url", default=None, help="sweep this server instead of running models here")
     s.add_argument("--baseline-url", default=None, help="a second server (e.g. plain decoding) for the speed-up column")
     s.add_argument("--model", default=None, help="model name to request (default: the server's first)")
-    s.add_argument("--concurrency", type=_ints, default=(1, 2, 4, 8, 16, 32),
+    s.add_argument("--concurrency", type=int_list, default=(1, 2, 4, 8, 16, 32),
                    help="closed-loop client counts to sweep, comma-separated (default 1,2,4,8,16,32)")
     s.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level (default: every prompt once, at least the concurrency)")
@@ -82,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from blockdraft.bench.datasets import bench_prompts
+    from blockdraft.bench.datasets import bench_prompts, dataset_label
     from blockdraft.errors import InvalidArgumentError
 
     if args.batch_only and args.batch < 1:
@@ -93,17 +100,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"max_new_tokens={args.max_new_tokens}, max_samples={args.max_samples}, "
                                    f"turns={args.turns}: expected integers >= 1")
     datasets = args.dataset or ["mt-bench"]
-    prompts = {_label(d): bench_prompts(d, args.max_samples, args.seed, args.local) for d in datasets}
+    prompts = {dataset_label(d): bench_prompts(d, args.max_samples, args.seed, args.local) for d in datasets}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = _server(args, prompts) if args.base_url else _local(args, prompts, out)
     _write(out, result)
     return 0
-
-
-def _label(dataset: str) -> str:
-    """A JSONL path is reported under its file name without extensions."""
-    return Path(dataset).name.split(".")[0] if Path(dataset).expanduser().is_file() else dataset
 
 
 def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:

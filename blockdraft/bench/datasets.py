@@ -48,3 +48,8 @@ def bench_prompts(name: str, max_samples: int | None = None, seed: int = 0, loca
         keep = sorted(random.Random(seed).sample(range(len(prompts)), max_samples))
         prompts = [prompts[i] for i in keep]
     return prompts
+
+
+def dataset_label(dataset: str) -> str:
+    """The name a dataset is reported under: a JSONL path's file name without extensions."""
+    return Path(dataset).name.split(".")[0] if Path(dataset).expanduser().is_file() else dataset

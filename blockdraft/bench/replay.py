@@ -22,9 +22,10 @@ from blockdraft.errors import InvalidArgumentError
 
 @torch.inference_mode()
 def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continuation: list[int],
-                      options: DecodeOptions) -> list[int]:
+                      options: DecodeOptions, drafted: list[int] | None = None) -> list[int]:
     """Acceptance lengths (bonus included) of the cycles the engine would run to produce `continuation`,
-    the greedy output of plain decoding under `options` (fixed verify, T = 0)."""
+    the greedy output of plain decoding under `options` (fixed verify, T = 0); `drafted`, when given, gets
+    each cycle's number of drafts (fewer than the block near the end)."""
     if not options.sampling.greedy or options.verify != "fixed" or options.no_draft:
         raise InvalidArgumentError("replay needs greedy speculative decoding with fixed verify: expected "
                                    f"temperature 0, verify='fixed', no_draft=False (got {options})")
@@ -48,6 +49,8 @@ def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continua
         committed = min(accepted + 1, p + len(continuation) - 1 - seq.start)
         if prop.drafts.numel():
             lengths.append(committed)
+            if drafted is not None:
+                drafted.append(prop.drafts.numel())
         seq.pending.append(feats[:, seq.start: seq.start + committed])
         seq.start += committed
         seq.remaining -= committed

@@ -1,0 +1,1 @@
+"""`blockdraft qualify`: measure a target + drafter pair and judge it (a front end over `blockdraft.bench`)."""
