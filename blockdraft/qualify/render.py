@@ -218,9 +218,9 @@ def plots(fig: dict[str, Any], folder: Path) -> dict[str, str]:
     server = fig["speed"].get("server") or []
     f, axes = plt.subplots(1, 2 if server else 1, figsize=(9 if server else 5, 3.2), squeeze=False)
     a = axes[0][0]
-    labels = [f"{r['dataset']}\nT={r['temperature']:g}" for r in single]
+    labels = [f"{r['dataset']} T={r['temperature']:g}" for r in single]
     a.bar(range(len(single)), [r["speedup"] for r in single])
-    a.set_xticks(range(len(single)), labels, fontsize=7)
+    a.set_xticks(range(len(single)), labels, fontsize=7, rotation=35, ha="right")
     a.axhline(1.0, color="grey", ls="--")
     a.set(ylabel="speed-up, one request")
     if server:
