@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -106,8 +107,6 @@ def pair_figures(subject: Subject, context: int) -> dict[str, Any]:
 
 
 def _trained_for(folder: str | None) -> str | None:
-    import json
-
     if folder is None or not (Path(folder) / "config.json").is_file():
         return None
     record = json.loads((Path(folder) / "config.json").read_text()).get(RECORD) or {}
