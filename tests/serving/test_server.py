@@ -777,7 +777,7 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
             srv = seen["server"]
             seen["address"] = srv.socket.getsockname()[:2]
             seen["health"] = healthy(srv)
-            seen["answer"] = call(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 5})
+            seen["answer"] = call(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 5, "temperature": 0})
         finally:
             os.kill(os.getpid(), signal.SIGTERM)
 
