@@ -2,8 +2,9 @@
 
     for each round (the second in reverse order): for each server: start it (a subprocess), wait until it
     answers, sweep the concurrencies closed-loop (`blockdraft.bench.load_client`), stop it (SIGTERM)
-    then: Pipeline.stream called directly on the same prompts (a subprocess: the model on its main thread),
-    once per round, for the concurrency-1 overhead of the server
+    then (the concurrency-1 overhead of the server): the main server and Pipeline.stream called directly (a
+    worker subprocess: the model on its main thread) both loaded, the same prompts sent to one then the other,
+    request by request, the order alternating (ABBA), so machine drift hits both alike
 
 Servers run one at a time, so they never share the two cores. Per concurrency level, request i sends
 prompt i mod P and max(c, P) requests are sent, so the c = 32 level is a 32-client burst of the same
@@ -15,6 +16,7 @@ rounds) and throughput / p95-latency plots.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -26,10 +28,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, Iterator
 
 from blockdraft.bench.datasets import bench_prompts
-from blockdraft.bench.load_client import server_sweep
+from blockdraft.bench.load_client import api_root, chat_payload, resolve_model, send_request, server_sweep
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
 from blockdraft.files import atomic_path
 from blockdraft.prompts import Prompt
@@ -73,9 +75,9 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise BlockdraftError(f"server at {url} did not answer within {timeout:.0f} s")
 
 
-def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, log_path: Path,
-               ) -> dict[str, Any]:
-    """Start `spec`, sweep its concurrencies, stop it; the sweep's levels (each with its texts). Port 0: a free one."""
+@contextlib.contextmanager
+def serving(spec: ServerSpec, port: int, log_path: Path) -> Iterator[str]:
+    """Start `spec` (port 0: a free one), wait until it answers, yield its URL; stop it (SIGTERM) after."""
     port = port or _free_port()
     command = [part.replace("{port}", str(port)) for part in spec.command]
     url = f"http://127.0.0.1:{port}"
@@ -84,12 +86,7 @@ def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: i
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_ready(url, proc, _START_TIMEOUT_S)
-            levels = []
-            for i, c in enumerate(spec.concurrency):
-                sweep = server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
-                                     requests_per_level=max(c, len(prompts)), warmup=1 if i == 0 else 0,
-                                     texts=True)
-                levels += sweep["levels"]
+            yield url
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -97,7 +94,18 @@ def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: i
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return {"name": spec.name, "command": command, "levels": levels}
+
+
+def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, log_path: Path,
+               ) -> dict[str, Any]:
+    """Start `spec`, sweep its concurrencies, stop it; the sweep's levels (each with its texts). Port 0: a free one."""
+    with serving(spec, port, log_path) as url:
+        levels = []
+        for i, c in enumerate(spec.concurrency):
+            sweep = server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
+                                 requests_per_level=max(c, len(prompts)), warmup=1 if i == 0 else 0, texts=True)
+            levels += sweep["levels"]
+    return {"name": spec.name, "command": [p.replace("{port}", "PORT") for p in spec.command], "levels": levels}
 
 
 def _free_port() -> int:
@@ -106,30 +114,94 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def direct_stream(prompts: list[Prompt], max_tokens: int, options: dict[str, Any]) -> dict[str, Any]:
-    """Pipeline.stream on each prompt in turn, timed end to end (one warm-up first): the server's c = 1 bound."""
+def direct_worker(prompts: list[Prompt], max_tokens: int, target: str | None) -> None:
+    """The direct side of `overhead`: load the pipeline, warm it up, print "ready"; then for each prompt
+    index read on stdin, Pipeline.stream that prompt and print its tokens, seconds and text (one JSON line)."""
     from blockdraft.api import Pipeline
 
-    pipe = Pipeline.load()
-    pipe.generate(messages=list(prompts[0].messages), max_new_tokens=16, **options)
-    tokens, texts = 0, []
-    start = time.perf_counter()
-    for p in prompts:
-        stream = pipe.stream(messages=list(p.messages), max_new_tokens=max_tokens, **options)
-        texts.append("".join(stream))
-        tokens += len(stream.output.token_ids)
-    wall = time.perf_counter() - start
-    return {"output_tokens": tokens, "wall_s": round(wall, 4), "output_tokens_per_s": round(tokens / wall, 3),
-            "texts": texts}
+    pipe = Pipeline.load() if target is None else Pipeline.load(target)
+    pipe.generate(messages=list(prompts[0].messages), max_new_tokens=16, temperature=0.0)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        p = prompts[int(line)]
+        start = time.perf_counter()
+        stream = pipe.stream(messages=list(p.messages), max_new_tokens=max_tokens, temperature=0.0)
+        text = "".join(stream)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"tokens": len(stream.output.token_ids), "seconds": seconds, "text": text}), flush=True)
 
 
-def _direct_subprocess(prompts_arg: list[str], max_tokens: int, out: Path) -> dict[str, Any]:
-    path = out / "direct.tmp.json"
-    subprocess.run([sys.executable, "-m", "blockdraft.bench.serve_sweep", "--direct", str(path),
-                    "--max-tokens", str(max_tokens), *prompts_arg], check=True)
-    result = json.loads(path.read_text())
-    path.unlink()
-    return result
+class _Direct:
+    """The direct worker subprocess, asked one prompt at a time."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "blockdraft.bench.serve_sweep", "--direct-worker", *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for line in self.proc.stdout:  # the library logs to stderr; skip anything else a load prints
+            if line.strip() == "ready":
+                return
+        self.close()
+        raise BlockdraftError("the Pipeline.stream worker exited before it was ready (see its output above)")
+
+    def run(self, index: int) -> dict[str, Any]:
+        self.proc.stdin.write(f"{index}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def overhead(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, rounds: int,
+             worker_args: list[str], log_path: Path) -> dict[str, Any]:
+    """Concurrency 1 through `spec` against Pipeline.stream called directly: every round sends each prompt to
+    both, one after the other, the order alternating from request to request (ABBA). Server tokens/s: a
+    reply's completion tokens over its end-to-end seconds at the client (HTTP, JSON and SSE included);
+    direct: over the seconds `Pipeline.stream` took. Also whether the two texts are the same."""
+    direct = _Direct(worker_args)
+    try:
+        with serving(spec, port, log_path) as url:
+            root = api_root(url)
+            model = resolve_model(root, None, None)
+            endpoint, headers = f"{root}/v1/chat/completions", {"Content-Type": "application/json"}
+            send_request(endpoint, chat_payload(prompts[0], model, 16, 0.0), headers, 600)  # warm-up
+            pairs = []
+            for r in range(rounds):
+                for i, p in enumerate(prompts):
+                    payload = chat_payload(p, model, max_tokens, 0.0)
+                    if (r + i) % 2 == 0:
+                        reply, alone = send_request(endpoint, payload, headers, 600), direct.run(i)
+                    else:
+                        alone = direct.run(i)
+                        reply = send_request(endpoint, payload, headers, 600)
+                    pairs.append({"round": r, "prompt": i, "server_ok": reply.ok, "server_tokens": reply.tokens,
+                                  "server_s": round(reply.latency, 4), "direct_tokens": alone["tokens"],
+                                  "direct_s": round(alone["seconds"], 4),
+                                  "same_text": reply.ok and reply.text == alone["text"]})
+    finally:
+        direct.close()
+    return summarize_overhead(pairs, spec.name)
+
+
+def summarize_overhead(pairs: list[dict[str, Any]], server: str) -> dict[str, Any]:
+    """Tokens/s of both sides over all pairs whose server reply succeeded, their ratio, and per round."""
+    def rate(rows: list[dict[str, Any]], side: str) -> float:
+        seconds = sum(x[f"{side}_s"] for x in rows)
+        return sum(x[f"{side}_tokens"] for x in rows) / seconds if seconds else 0.0
+
+    ok = [x for x in pairs if x["server_ok"]]
+    per_round = []
+    for r in sorted({x["round"] for x in ok}):
+        rows = [x for x in ok if x["round"] == r]
+        if rate(rows, "direct"):
+            per_round.append(round(rate(rows, "server") / rate(rows, "direct"), 4))
+    server_rate, direct_rate = rate(ok, "server"), rate(ok, "direct")
+    return {"server": server, "server_tokens_per_s": round(server_rate, 3),
+            "direct_tokens_per_s": round(direct_rate, 3),
+            "ratio": round(server_rate / direct_rate, 4) if direct_rate else None, "round_ratios": per_round,
+            "errors": len(pairs) - len(ok), "same_text": sum(x["same_text"] for x in pairs), "pairs": pairs}
 
 
 # ---------------------------------------------------------------------- summary
@@ -224,14 +296,22 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{_fmt(cell['requests_per_s'], 3)} | {_fmt(cell['ttft_p50_s'], 2)} / "
                          f"{_fmt(cell['ttft_p95_s'], 2)} | {_fmt(cell['latency_p50_s'], 2)} / "
                          f"{_fmt(cell['latency_p95_s'], 2)} |")
-    if result.get("direct"):
-        d = [r["output_tokens_per_s"] for r in result["direct"]]
-        lines += ["", f"Pipeline.stream called directly, same prompts one after another: "
-                      f"{' / '.join(f'{x:.1f}' for x in d)} tok/s per round."]
+    if result.get("overhead"):
+        lines += ["", overhead_line(result["overhead"])]
     lines += ["", "Greedy replies identical to the same request alone / to the reference server's: "
               + "; ".join(f"{n} {v['same_as_alone']}/{v['replies']} alone, {v['same_as_reference']}/"
                           f"{v['compared_with_reference']} reference" for n, v in result["identity"].items())]
     return "\n".join(lines) + "\n"
+
+
+def overhead_line(o: dict[str, Any]) -> str:
+    rounds = o["round_ratios"]
+    spread = f" (per round {min(rounds):.1%}-{max(rounds):.1%})" if len(rounds) > 1 else ""
+    ratio = "–" if o["ratio"] is None else f"{o['ratio']:.1%}"
+    return (f"Concurrency 1, {o['server']} through HTTP vs Pipeline.stream called directly, request by request "
+            f"in ABBA order over {len(rounds)} rounds: {o['server_tokens_per_s']:.1f} vs "
+            f"{o['direct_tokens_per_s']:.1f} tok/s = {ratio}{spread}; {o['same_text']}/{len(o['pairs'])} "
+            f"texts identical, {o['errors']} errors.")
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -277,19 +357,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256, help="max tokens per reply (default 256)")
     p.add_argument("--rounds", type=int, default=2, help="rounds; even rounds run the servers in reverse (default 2)")
     p.add_argument("--port", type=int, default=8123, help="port the servers listen on (default 8123; 0: a free one each time)")
-    p.add_argument("--no-direct", action="store_true", help="skip timing Pipeline.stream directly")
+    p.add_argument("--overhead-rounds", type=int, default=2,
+                   help="rounds of the concurrency-1 comparison of the main server with Pipeline.stream called "
+                        "directly, request by request (default 2; 0 skips it)")
+    p.add_argument("--direct-target", default=None,
+                   help="target Pipeline.stream loads for that comparison (default: the default pair)")
     p.add_argument("--out", default="serve-sweep", help="output folder (default serve-sweep)")
-    p.add_argument("--direct", default=None, help=argparse.SUPPRESS)  # internal: the direct-stream subprocess
+    p.add_argument("--direct-worker", action="store_true", help=argparse.SUPPRESS)  # internal: the direct side
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args = build_parser().parse_args(argv)
+    if args.overhead_rounds < 0:
+        raise InvalidArgumentError(f"--overhead-rounds {args.overhead_rounds}: expected an integer >= 0")
     prompts = bench_prompts(args.dataset, args.samples, 0)
-    if args.direct:
-        result = direct_stream(prompts, args.max_tokens, {})
-        Path(args.direct).write_text(json.dumps(result))
+    if args.direct_worker:
+        direct_worker(prompts, args.max_tokens, args.direct_target)
         return 0
     concurrency = tuple(int(c) for c in args.concurrency.split(","))
     specs = [parse_server(s, concurrency) for s in args.server]
@@ -297,25 +382,24 @@ def main(argv: list[str] | None = None) -> int:
         raise InvalidArgumentError("no --server given: expected at least one NAME=COMMAND")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs, direct = [], []
+    runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        order = specs if r % 2 == 0 else specs[::-1]
-        if not args.no_direct and r % 2 == 1:
-            direct.append(_direct_subprocess(["--dataset", args.dataset, "--samples", str(args.samples)],
-                                             args.max_tokens, out))
-        for spec in order:
+        for spec in specs if r % 2 == 0 else specs[::-1]:
             runs.append(run_server(spec, args.port, prompts, args.max_tokens, out / f"{spec.name}.log") | {"round": r})
-            _save(out, args, runs, direct, specs, len(prompts))
-        if not args.no_direct and r % 2 == 0:
-            direct.append(_direct_subprocess(["--dataset", args.dataset, "--samples", str(args.samples)],
-                                             args.max_tokens, out))
-    result = _save(out, args, runs, direct, specs, len(prompts))
+            _save(out, args, runs, None, specs, len(prompts))
+    over = None
+    if args.overhead_rounds:
+        worker = ["--dataset", args.dataset, "--samples", str(args.samples), "--max-tokens", str(args.max_tokens)]
+        worker += ["--direct-target", args.direct_target] if args.direct_target else []
+        over = overhead(specs[0], args.port, prompts, args.max_tokens, args.overhead_rounds, worker,
+                        out / f"{specs[0].name}.log")
+    result = _save(out, args, runs, over, specs, len(prompts))
     plot(result, out)
     print(markdown(result))
     return 0
 
 
-def _save(out: Path, args: argparse.Namespace, runs: list, direct: list, specs: list[ServerSpec],
+def _save(out: Path, args: argparse.Namespace, runs: list, over: dict[str, Any] | None, specs: list[ServerSpec],
           prompts: int) -> dict[str, Any]:
     """Write sweep.json and sweep.md with what has run so far (a killed sweep keeps its finished servers)."""
     from blockdraft.bench.report import environment
@@ -325,7 +409,7 @@ def _save(out: Path, args: argparse.Namespace, runs: list, direct: list, specs: 
               "dataset": args.dataset, "prompts": prompts, "max_tokens": args.max_tokens, "rounds": args.rounds,
               "main": specs[0].name, "baselines": args.baseline, "reference": args.reference,
               "servers": {s.name: " ".join(s.command) for s in specs}, "summary": summarize(runs),
-              "identity": identity(runs, args.reference, prompts), "direct": direct, "runs": runs,
+              "identity": identity(runs, args.reference, prompts), "overhead": over, "runs": runs,
               }
     with atomic_path(out / "sweep.json") as tmp:
         tmp.write_text(json.dumps(result, indent=1, default=str))

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from blockdraft.bench import serve_sweep
-from blockdraft.bench.serve_sweep import identity, markdown, parse_server, summarize
+from blockdraft.bench.serve_sweep import identity, markdown, parse_server, summarize, summarize_overhead
 from blockdraft.errors import InvalidArgumentError
 
 
@@ -55,12 +55,31 @@ def test_identity_counts_replies_against_alone_and_the_reference():
 
 def test_markdown_shows_ratios_with_the_per_round_spread():
     result = {"summary": summarize(runs()), "main": "a", "baselines": ["b"], "prompts": 2, "max_tokens": 8,
-              "rounds": 2, "identity": identity(runs(), "b", 2), "direct": [{"output_tokens_per_s": 47.5}]}
+              "rounds": 2, "identity": identity(runs(), "b", 2), "overhead": summarize_overhead(pairs(), "a")}
     text = markdown(result)
     # c=4: mean 126 / 105 = 1.20; per round 120/100 = 1.20 and 132/110 = 1.20
     assert "| 4 | 126.0 | 105.0 | 1.20x (1.20-1.20) |" in text
     assert "1.14x (1.05-1.25)" in text  # c=1: 48 / 42; rounds 50/40 and 46/44
-    assert "47.5 tok/s" in text and "a 8/9 alone, 8/9 reference" in text
+    assert "a 8/9 alone, 8/9 reference" in text
+    assert "over 2 rounds: 30.0 vs 46.7 tok/s = 64.3% (per round 80.0%-100.0%); 2/3 texts identical, 1 errors" in text
+
+
+def pair(r: int, ok: bool, server: tuple[int, float], direct: tuple[int, float], same: bool) -> dict:
+    return {"round": r, "prompt": 0, "server_ok": ok, "server_tokens": server[0], "server_s": server[1],
+            "direct_tokens": direct[0], "direct_s": direct[1], "same_text": same}
+
+
+def pairs() -> list[dict]:
+    """Round 0: server 80 tok/s, direct 100; round 1: both 20; a failed reply that does not count."""
+    return [pair(0, True, (80, 1.0), (100, 1.0), True), pair(1, True, (100, 5.0), (40, 2.0), True),
+            pair(1, False, (0, 9.0), (50, 1.0), False)]
+
+
+def test_overhead_pools_tokens_over_seconds_and_drops_failed_replies():
+    o = summarize_overhead(pairs(), "a")
+    assert o["server_tokens_per_s"] == 30.0 and o["direct_tokens_per_s"] == round(140 / 3, 3)  # (80+100)/6, 140/3
+    assert o["ratio"] == round(30 / (140 / 3), 4) and o["round_ratios"] == [0.8, 1.0]
+    assert o["errors"] == 1 and o["same_text"] == 2
 
 
 @pytest.mark.slow
@@ -71,11 +90,14 @@ def test_a_real_sweep_of_a_tiny_server(tmp_path, tiny_target_dir):
     serve = f"{sys.executable} -m blockdraft.cli serve --target {tiny_target_dir} --port {{port}} --max-batch 2"
     code = serve_sweep.main(["--server", f"tiny={serve}", "--server", f"fifo@1={serve} --max-batch 1",
                              "--baseline", "fifo", "--reference", "fifo", "--concurrency", "1,2", "--dataset", str(data), "--samples", "2",
-                             "--max-tokens", "6", "--rounds", "2", "--no-direct", "--port", "0", "--out",
-                             str(tmp_path)])
+                             "--max-tokens", "6", "--rounds", "2", "--overhead-rounds", "1",
+                             "--direct-target", str(tiny_target_dir), "--port", "0", "--out", str(tmp_path)])
     assert code == 0
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert [r["name"] for r in result["runs"]] == ["tiny", "fifo", "fifo", "tiny"]  # ABBA
     assert all(lv["errors"] == 0 for r in result["runs"] for lv in r["levels"])
     assert result["identity"]["tiny"]["same_as_reference"] == result["identity"]["tiny"]["compared_with_reference"] > 0
     assert (tmp_path / "throughput.png").stat().st_size > 0 and "tiny x fifo" in (tmp_path / "sweep.md").read_text()
+    over = result["overhead"]  # the main server at c=1 against Pipeline.stream on the same target, per request
+    assert over["server"] == "tiny" and over["errors"] == 0 and len(over["pairs"]) == 2
+    assert over["same_text"] == 2 and over["ratio"] > 0
