@@ -318,7 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # long jobs stop as on Ctrl-C: finished work is kept
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # long jobs stop as on Ctrl-C: finished work is kept
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # a caller that runs main() in-process gets its handler back
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:

@@ -1,4 +1,5 @@
 import json
+import signal
 
 import pytest
 import torch
@@ -50,6 +51,7 @@ def test_untrained_drafter_is_announced(capsys, caplog, tiny_target_dir):
     (["--temperature", -1], "temperature=-1.0"),
     (["--top-p", 2], "top_p=2.0"),
     (["--block-size", 99], "block_size=99"),
+    (["--block-size", 99, "--no-draft"], "block_size=99"),  # refused even where it would not be used
     (["--max-new-tokens", 0], "max_new_tokens=0"),
     (["--drafter", "/nonexistent/drafter"], "no config.json"),
     (["--dtype", "int8"], "dtype 'int8'"),
@@ -61,6 +63,19 @@ def test_errors_are_one_line_and_exit_2(capsys, tiny_target_dir, drafter_dir, ar
     code, out, err = run(capsys, *base, *args)
     lines = [line for line in err.splitlines() if line.startswith("blockdraft: error:")]
     assert code == 2 and len(lines) == 1 and message in lines[0]
+
+
+def test_main_puts_the_sigterm_handler_back(capsys, tiny_target_dir, drafter_dir):
+    def mine(signum, frame):  # pragma: no cover - never delivered
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        code, _, _ = run(capsys, "--target", tiny_target_dir, "--drafter", drafter_dir, "--prompt", "x",
+                         "--max-new-tokens", 2)
+        assert code == 0 and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_unknown_target(capsys):

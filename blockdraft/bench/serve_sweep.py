@@ -30,6 +30,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Iterator
 
+from tqdm import tqdm
+
 from blockdraft.bench.datasets import bench_prompts
 from blockdraft.bench.load_client import api_root, chat_payload, resolve_model, send_request, server_sweep
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
@@ -168,6 +170,7 @@ def overhead(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int
             endpoint, headers = f"{root}/v1/chat/completions", {"Content-Type": "application/json"}
             send_request(endpoint, chat_payload(prompts[0], model, 16, 0.0), headers, 600)  # warm-up
             pairs = []
+            bar = tqdm(total=rounds * len(prompts), desc="concurrency-1 overhead", unit="pair", dynamic_ncols=True)
             for r in range(rounds):
                 for i, p in enumerate(prompts):
                     payload = chat_payload(p, model, max_tokens, 0.0)
@@ -180,6 +183,8 @@ def overhead(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int
                                   "server_s": round(reply.latency, 4), "direct_tokens": alone["tokens"],
                                   "direct_s": round(alone["seconds"], 4),
                                   "same_text": reply.ok and reply.text == alone["text"]})
+                    bar.update()
+            bar.close()
     finally:
         direct.close()
     return summarize_overhead(pairs, spec.name)

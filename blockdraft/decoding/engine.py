@@ -118,13 +118,15 @@ class SpeculativeEngine:
                 self.draft_ids = drafter.draft_vocab.to(target.device)
 
     def block_size(self, options: DecodeOptions) -> int:
-        if self.drafter is None or options.no_draft:
+        """The request's block size: 1 (plain decoding) without a drafter or with no_draft. A block size over
+        the drafter's trained one is refused even with no_draft (the request asked for something impossible)."""
+        if self.drafter is None:
             return 1
         trained = self.drafter.config.block_size
         size = options.block_size or trained
         if size > trained:
             raise InvalidArgumentError(f"block_size={size}: expected at most the drafter's trained size {trained}")
-        return size
+        return 1 if options.no_draft else size
 
     @torch.inference_mode()
     def decode(self, prompt_ids: list[int], options: DecodeOptions, stats: GenerationStats) -> Iterator[list[int]]:

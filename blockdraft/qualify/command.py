@@ -38,14 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default mt-bench,humaneval,sharegpt-heldout)")
     p.add_argument("--samples", type=int, default=4, help="prompts per dataset (default 4)")
     p.add_argument("--temperatures", type=float_list, default=(0.0, 0.7), help="comma-separated (default 0,0.7)")
-    p.add_argument("--concurrency", type=int_list, default=(1, 4, 16),
-                   help="server concurrencies, with and without drafting (default 1,4,16)")
+    p.add_argument("--concurrency", type=int_list, default=(1, 4, 8),
+                   help="server concurrencies, with and without drafting (default 1,4,8; 8 is the server's "
+                        "default --max-batch)")
+    p.add_argument("--server-samples", type=int, default=2,
+                   help="first prompts of each dataset the server runs send (default 2)")
     p.add_argument("--no-server", action="store_true", help="leave the server out of the speed section")
     p.add_argument("--memory-budget", default="8GiB", help="memory for the capacity figures (default 8GiB)")
     p.add_argument("--context", type=int, default=2048, help="tokens per request for the capacity figures (default 2048)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
-    p.add_argument("--sampler-samples", type=int, default=400,
-                   help="answers per side of the sampler's statistical test (default 400)")
+    p.add_argument("--sampler-samples", type=int, default=300,
+                   help="answers per side of the sampler's statistical test (default 300)")
     p.add_argument("--seed", type=int, default=0, help="prompt sample and sampling seed (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on GPU)")
@@ -55,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def settings_line(s: Any) -> str:
     return (f"datasets {', '.join(s.datasets)}, {s.samples} prompts each, T = {', '.join(f'{t:g}' for t in s.temperatures)}, "
             f"{s.max_new_tokens} new tokens, verify {s.verify}"
-            + (f", server at concurrency {', '.join(map(str, s.concurrency))}" if s.server else ", no server"))
+            + (f", server at concurrency {', '.join(map(str, s.concurrency))} ({s.server_samples} prompts of each "
+               "dataset)" if s.server else ", no server"))
 
 
 def run_qualify(args: argparse.Namespace) -> int:
@@ -68,7 +72,7 @@ def run_qualify(args: argparse.Namespace) -> int:
                                temperatures=tuple(args.temperatures), concurrency=tuple(args.concurrency),
                                memory_budget=parse_bytes(args.memory_budget), context=args.context,
                                max_new_tokens=args.max_new_tokens, sampler_samples=args.sampler_samples,
-                               server=not args.no_server, seed=args.seed)
+                               server=not args.no_server, server_samples=args.server_samples, seed=args.seed)
     if not settings.datasets:
         raise InvalidArgumentError(f"--datasets {args.datasets!r}: expected at least one dataset")
     prompts = {dataset_label(d): bench_prompts(d, settings.samples, settings.seed) for d in settings.datasets}

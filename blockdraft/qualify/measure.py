@@ -16,15 +16,17 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from tqdm import tqdm
@@ -55,11 +57,12 @@ class QualifySettings:
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt-heldout")
     samples: int = 4
     temperatures: tuple[float, ...] = (0.0, 0.7)
-    concurrency: tuple[int, ...] = (1, 4, 16)
+    concurrency: tuple[int, ...] = (1, 4, 8)  # 8: the server's default --max-batch (more clients only queue)
     memory_budget: int = 8 * 2**30
     context: int = 2048          # tokens per request for the capacity figures
     max_new_tokens: int = 128
-    sampler_samples: int = 400   # per side of the sampler test
+    sampler_samples: int = 300   # per side of the sampler test
+    server_samples: int = 2      # first prompts of each dataset the server runs send
     sampler_tokens: int = 4      # first tokens compared
     seeded_samples: int = 6      # prompts of the seeded-identity check
     server: bool = True
@@ -67,7 +70,7 @@ class QualifySettings:
     verify: str = "adaptive"
 
     def __post_init__(self) -> None:
-        for name in ("samples", "max_new_tokens", "sampler_samples", "sampler_tokens", "context"):
+        for name in ("samples", "max_new_tokens", "sampler_samples", "sampler_tokens", "context", "server_samples"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name}={value!r}: expected an integer >= 1")
@@ -281,19 +284,33 @@ def replay_tau(pipe: Pipeline, records: list[Record], encoded: dict[tuple[str, s
     return out
 
 
+def cost_curve(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record]]]
+               ) -> tuple[int, dict[int, float]]:
+    """The verify cost curve at the median context of the lowest temperature's default-engine runs."""
+    methods, records = results[min(results)]
+    ours = [r for r in records if r.method.startswith("dflash")]
+    context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in ours))
+    return context, verify_cost_curve(pipe.target, pipe.drafter.config.block_size, context=context)
+
+
 def acceptance_figures(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record]]],
-                       replay: dict[str, list[tuple[list[int], list[int]]]]) -> dict[str, Any]:
+                       replay: dict[str, list[tuple[list[int], list[int]]]], curve: tuple[int, dict[int, float]]
+                       ) -> dict[str, Any]:
+    """Per dataset and temperature: tau three ways, and the break-even tau of that row's own cycles (a verify of
+    its mean length plus its drafter's seconds per cycle: a row whose policy verifies little needs little)."""
     block = pipe.drafter.config.block_size
     rows = []
     for t, (methods, records) in results.items():
         table = summaries(records, methods)
         for dataset, by_method in table.items():
-            row = next(v for m, v in by_method.items() if m.startswith("dflash"))
+            name, row = next((m, v) for m, v in by_method.items() if m.startswith("dflash"))
             own = [lengths for lengths, _ in (replay.get(dataset, []) if dataset != "overall"
                                               else [x for v in replay.values() for x in v])]
+            cost = cost_accounting({name: row}, curve[1], curve[0])["methods"].get(name, {})
             rows.append({"dataset": dataset, "temperature": t, "tau": row.get("mean_acceptance_length"),
                          "tau_drafter_cycles": row.get("drafter_mean_acceptance_length"),
                          "tau_own": mean_acceptance_length(own) if t == 0 and own else None,
+                         "break_even_tau": cost.get("break_even_acceptance"), "verify_tokens": cost.get("verify_tokens"),
                          "lookup_cycles": row.get("lookup_cycles", 0), "cycles": row.get("cycles", 0)})
     pooled = [x for v in replay.values() for x in v]
     return {"block_size": block, "rows": rows,
@@ -316,16 +333,15 @@ def flops_per_token(pipe: Pipeline, pair: dict[str, Any]) -> tuple[float, float]
     return 2.0 * target, 2.0 * (drafter + rows * t["hidden_size"])
 
 
-def work_figures(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record]]], pair: dict[str, Any]
-                 ) -> dict[str, Any]:
+def work_figures(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record]]], pair: dict[str, Any],
+                 curve_at: tuple[int, dict[int, float]]) -> dict[str, Any]:
     t0 = min(results)
     methods, records = results[t0]
     overall = summaries(records, methods)["overall"]
     name = next(m for m in overall if m.startswith("dflash"))
     row = overall[name]
     ours = [r for r in records if r.method == name]
-    context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in ours))
-    curve = verify_cost_curve(pipe.target, pipe.drafter.config.block_size, context=context)
+    context, curve = curve_at
     cost = cost_accounting(overall, curve, context)["methods"].get(name, {})
     target_flops, slot_flops = flops_per_token(pipe, pair)
     drafted_slots = sum(d for r in ours for d, src in zip(r.drafted, r.sources) if not src)
@@ -417,21 +433,46 @@ def measure(subject: Subject, prompts: dict[str, list[Prompt]], s: QualifySettin
             progress: bool = True) -> dict[str, Any]:
     pipe = subject.pipe
     encoded = {(d, p.id): pipe.encode(messages=p.messages) for d, ps in prompts.items() for p in ps}
+    clock = _Stages()
     fig: dict[str, Any] = {"pair": pair_figures(subject, s.context)}
-    results = runs(pipe, prompts, s, progress)
+    with clock("runs"):
+        results = runs(pipe, prompts, s, progress)
     greedy_records = results.get(0.0, (None, []))[1]
-    replay = replay_tau(pipe, greedy_records, encoded) if greedy_records else {}
-    fig["acceptance"] = acceptance_figures(pipe, results, replay)
+    with clock("replay"):
+        replay = replay_tau(pipe, greedy_records, encoded) if greedy_records else {}
+        curve = cost_curve(pipe, results)
+    fig["acceptance"] = acceptance_figures(pipe, results, replay, curve)
     pooled = [lengths for v in replay.values() for lengths, _ in v]
     fig["pair"]["greedy_tau_own"] = mean_acceptance_length(pooled) if pooled else None
-    fig["correctness"] = {
-        "greedy": greedy_identity(pipe, greedy_records, encoded) if greedy_records else
-        {"compared": 0, "identical": 0, "divergences": []},
-        "seeded": seeded_identity(pipe, prompts, s, progress), "sampler_test": sampler_test(pipe, s)}
-    fig["work"] = work_figures(pipe, results, fig["pair"])
+    with clock("greedy check"):
+        greedy = greedy_identity(pipe, greedy_records, encoded) if greedy_records else \
+            {"compared": 0, "identical": 0, "divergences": []}
+    with clock("seeded check"):
+        seeded = seeded_identity(pipe, prompts, s, progress)
+    with clock("sampler test"):
+        fig["correctness"] = {"greedy": greedy, "seeded": seeded, "sampler_test": sampler_test(pipe, s)}
+    fig["work"] = work_figures(pipe, results, fig["pair"], curve)
     fig["speed"] = {"single": single_speed(results), "server": None}
     if s.server:
-        fig["speed"]["server"] = server_speed(subject, [p for ps in prompts.values() for p in ps], s, out)
+        with clock("server"):
+            fig["speed"]["server"] = server_speed(subject, [p for ps in prompts.values() for p in ps[:s.server_samples]],
+                                                  s, out)
     fig["memory"] = memory_figures(pipe, s)
     fig["notes"] = subject.notes
+    fig["stage_seconds"] = clock.seconds
     return fig
+
+
+class _Stages:
+    """Seconds per stage of a qualification (`with clock("name"): ...`), for the report's run line."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 1)

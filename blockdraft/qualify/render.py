@@ -21,6 +21,16 @@ def _x(v: float | None, digits: int = 2, suffix: str = "") -> str:
     return "-" if v is None else f"{v:.{digits}f}{suffix}"
 
 
+def _stages(fig: dict[str, Any]) -> str:
+    stages = fig.get("stage_seconds") or {}
+    return f" ({', '.join(f'{name} {sec:.0f}' for name, sec in stages.items())})" if stages else ""
+
+
+def _break_even(row: dict[str, Any]) -> str:
+    be = row.get("break_even_tau")
+    return "-" if be is None else f"{be:.2f} ({row['verify_tokens']} tokens)"
+
+
 def _mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MB"
 
@@ -30,7 +40,8 @@ def blocks(report: dict[str, Any], plots: dict[str, str]) -> list[Block]:
     out: list[Block] = [("h1", f"Qualification: {fig['pair']['target_name']} + "
                                f"{Path(fig['pair'].get('drafter', {}).get('folder') or 'no drafter').name}"),
                         ("p", f"**Verdict: {report['mark'].upper()}.** {report['verdict']}"),
-                        ("p", f"Run: {report['settings_line']}; {report['seconds']:.0f} s on {report['machine']}.")]
+                        ("p", f"Run: {report['settings_line']}; {report['seconds']:.0f} s{_stages(fig)} on "
+                              f"{report['machine']}.")]
 
     def head(key: str) -> None:
         s = marks[key]
@@ -68,9 +79,9 @@ def blocks(report: dict[str, Any], plots: dict[str, str]) -> list[Block]:
     head("acceptance")
     acc = fig["acceptance"]
     out.append(("table", ["dataset", "T", "tau (default engine)", "tau (drafter cycles)", "tau (drafter alone, replay)",
-                          "lookup cycles / cycles"],
+                          "break-even tau (its mean verify)", "lookup cycles / cycles"],
                 [[r["dataset"], f"{r['temperature']:g}", _x(r["tau"]), _x(r["tau_drafter_cycles"]), _x(r["tau_own"]),
-                  f"{r['lookup_cycles']} / {r['cycles']}"] for r in acc["rows"]]))
+                  _break_even(r), f"{r['lookup_cycles']} / {r['cycles']}"] for r in acc["rows"]]))
     if "acceptance" in plots:
         out.append(("img", plots["acceptance"], "The drafter alone at T=0 (replay): committed tokens per cycle, "
                                                 "and acceptance per draft position"))
@@ -105,6 +116,9 @@ def blocks(report: dict[str, Any], plots: dict[str, str]) -> list[Block]:
                     [[r["concurrency"], f"{_x(r['tokens_per_s'], 1)} / {_x(r['plain_tokens_per_s'], 1)}",
                       f"{_x(r['speedup'])}x", f"{_x(r['latency_p95_s'])} / {_x(r['plain_latency_p95_s'])}",
                       r["errors"]] for r in server]))
+        out.append(("p", "Server figures are end to end at the client: all clients' output tokens over the wall time "
+                         "of the level, prefills, queueing (past --max-batch) and HTTP included. The longer the prompts against "
+                         "the answers, the more prefill, which speculation does not speed up, dilutes the speed-up."))
     else:
         out.append(("p", "The server was not measured (--no-server)."))
     if "speed" in plots:

@@ -90,17 +90,19 @@ def correctness_section(fig: dict[str, Any]) -> Section:
 
 def acceptance_section(fig: dict[str, Any]) -> Section:
     s = Section("acceptance", "Acceptance")
-    be = fig["work"].get("break_even_tau")
+    priced = False
     for row in _datasets(fig["acceptance"]["rows"]):
-        tau, own = row["tau"], row.get("tau_own")
-        label = f"{row['dataset']} at T={row['temperature']:g}"
+        # each row against the break-even of its own cycles (its mean verify length, its drafter's time)
+        tau, own, be = row["tau"], row.get("tau_own"), row.get("break_even_tau")
         if be is None or tau is None:
             continue
+        priced = True
         if tau < be and (own is None or own < be):
-            s.flag(WARN, f"{label}: {tau:.2f} committed per verify, under the break-even {be:.2f}")
+            s.flag(WARN, f"{row['dataset']} at T={row['temperature']:g}: {tau:.2f} committed per verify, under "
+                         f"its break-even {be:.2f} (verify of {row['verify_tokens']} tokens)")
     if not s.reasons:
-        s.reasons.append("acceptance is above the break-even length wherever the engine drafts"
-                         if be is not None else "no break-even length measured")
+        s.reasons.append("acceptance is above the break-even length of its own cycles wherever the engine drafts"
+                         if priced else "no break-even length measured")
     return s
 
 

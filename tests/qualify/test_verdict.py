@@ -19,7 +19,8 @@ BASE = {
         "sampler_test": {"sampler": "rejection", "temperature": 0.7, "samples": 400, "tokens": 3, "categories": 9,
                          "p_value": 0.4, "mean_committed_per_cycle": 2.6},
     },
-    "acceptance": {"rows": [{"dataset": "humaneval", "temperature": 0.0, "tau": 3.1, "tau_own": 2.9}]},
+    "acceptance": {"rows": [{"dataset": "humaneval", "temperature": 0.0, "tau": 3.1, "tau_own": 2.9,
+                             "break_even_tau": 1.3, "verify_tokens": 6}]},
     "work": {"break_even_tau": 1.3, "predicted_speedup": 1.7, "measured_speedup": 1.6, "flops_ratio": 1.4,
              "target_tokens_per_committed": 1.5},
     "speed": {"single": _speed([("humaneval", 0.0, 1.8), ("mt-bench", 0.0, 1.5)]), "server": None},
@@ -108,5 +109,19 @@ def test_memory_and_work_marks():
     assert marks["memory"].mark == WARN
     marks, _, _ = judge(work__predicted_speedup=2.5)  # the cost model is off by 56%
     assert marks["work"].mark == WARN
-    marks, _, _ = judge(acceptance__rows=[{"dataset": "mt-bench", "temperature": 0.7, "tau": 1.1, "tau_own": 1.0}])
-    assert marks["acceptance"].mark == WARN
+    marks, _, _ = judge(acceptance__rows=[{"dataset": "mt-bench", "temperature": 0.7, "tau": 1.1, "tau_own": 1.0,
+                                           "break_even_tau": 1.3, "verify_tokens": 6}])
+    assert marks["acceptance"].mark == WARN and "under its break-even 1.30 (verify of 6 tokens)" in marks[
+        "acceptance"].reasons[0]
+
+
+def test_each_acceptance_row_meets_the_break_even_of_its_own_cycles():
+    """A hot row whose policy verifies 2 tokens needs less than the greedy rows' 6-token break-even."""
+    rows = [{"dataset": "humaneval", "temperature": 0.0, "tau": 3.1, "tau_own": 2.9, "break_even_tau": 1.45,
+             "verify_tokens": 6},
+            {"dataset": "mt-bench", "temperature": 0.7, "tau": 1.32, "tau_own": None, "break_even_tau": 1.15,
+             "verify_tokens": 2}]
+    marks, _, _ = judge(acceptance__rows=rows)
+    assert marks["acceptance"].mark == PASS and "of its own cycles" in marks["acceptance"].reasons[0]
+    marks, _, _ = judge(acceptance__rows=[dict(rows[1], break_even_tau=None)])
+    assert marks["acceptance"].mark == PASS and marks["acceptance"].reasons == ["no break-even length measured"]

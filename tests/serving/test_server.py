@@ -787,13 +787,16 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
         seen["handlers"] = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         threading.Thread(target=client_then_sigterm, daemon=True).start()
         serve(self)
+        seen["after serve"] = {sig: signal.getsignal(sig) for sig in seen["handlers"]}
 
     monkeypatch.setattr(BlockdraftServer, "serve", record)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = main(["serve", "--target", str(tiny_target_dir), "--port", "0", "--max-queue", "3", "--max-batch", "2",
                  "--no-draft"])
     _, err = capsys.readouterr()
     assert code == 0 and seen["main thread"]  # the model runs on the thread that loaded it
-    assert {sig: signal.getsignal(sig) for sig in seen["handlers"]} == seen["handlers"]  # serve() put them back
+    assert seen["after serve"] == seen["handlers"]  # serve() put back the handlers it found
+    assert {sig: signal.getsignal(sig) for sig in before} == before  # and main() the caller's
     assert seen["health"]["model"] == str(tiny_target_dir) and seen["health"]["max_batch"] == 2
     status, out = seen["answer"]
     assert status == 200 and out["usage"]["completion_tokens"] == 5
