@@ -39,8 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=4, help="prompts per dataset (default 4)")
     p.add_argument("--temperatures", type=float_list, default=(0.0, 0.7), help="comma-separated (default 0,0.7)")
     p.add_argument("--concurrency", type=int_list, default=(1, 4, 8),
-                   help="server concurrencies, with and without drafting (default 1,4,8; 8 is the server's "
-                        "default --max-batch)")
+                   help="server concurrencies, with and without drafting (default 1,4,8)")
     p.add_argument("--server-samples", type=int, default=2,
                    help="first prompts of each dataset the server runs send (default 2)")
     p.add_argument("--no-server", action="store_true", help="leave the server out of the speed section")

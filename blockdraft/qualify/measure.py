@@ -57,7 +57,7 @@ class QualifySettings:
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt-heldout")
     samples: int = 4
     temperatures: tuple[float, ...] = (0.0, 0.7)
-    concurrency: tuple[int, ...] = (1, 4, 8)  # 8: the server's default --max-batch (more clients only queue)
+    concurrency: tuple[int, ...] = (1, 4, 8)
     memory_budget: int = 8 * 2**30
     context: int = 2048          # tokens per request for the capacity figures
     max_new_tokens: int = 128
