@@ -287,8 +287,7 @@ def replay_tau(pipe: Pipeline, records: list[Record], encoded: dict[tuple[str, s
 def cost_curve(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record]]]
                ) -> tuple[int, dict[int, float]]:
     """The verify cost curve at the median context of the lowest temperature's default-engine runs."""
-    methods, records = results[min(results)]
-    ours = [r for r in records if r.method.startswith("dflash")]
+    ours = [r for r in results[min(results)][1] if r.method.startswith("dflash")]
     context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in ours))
     return context, verify_cost_curve(pipe.target, pipe.drafter.config.block_size, context=context)
 
