@@ -83,8 +83,9 @@ class _Completion(_Strict):
     model: str | None = Field(None, description="the served model id (or absent)")
     max_tokens: int | None = Field(None, ge=1, description="an integer >= 1")
     max_completion_tokens: int | None = Field(None, ge=1, description="an integer >= 1")
-    temperature: float | None = Field(None, description="a number >= 0 (0: greedy)")
-    top_p: float | None = Field(None, description="a number in (0, 1]")
+    # int | float: a number is passed on as written, so the library's error shows top_p=2, not top_p=2.0
+    temperature: int | float | None = Field(None, description="a number >= 0 (0: greedy)")
+    top_p: int | float | None = Field(None, description="a number in (0, 1]")
     top_k: int | None = Field(None, description="an integer >= 0 (0 or -1: off)")
     seed: int | None = Field(None, description="an integer")
     stop: str | list[str] | None = Field(None, description="a string or a list of strings")

@@ -151,6 +151,16 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if not args.data or not args.out:
         raise InvalidArgumentError("train needs --data and --out (or --plot RUN)")
+    from blockdraft.train.trainer import distributed_world
+
+    with distributed_world():
+        print(_train(args))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> Path:
+    """Load the target, the drafter and the data described by `args`, train, and return the final folder."""
+    from blockdraft.errors import InvalidArgumentError
     from blockdraft.modeling.checkpoint import load_drafter
     from blockdraft.modeling.registry import mask_token_for
     from blockdraft.train.features import (
@@ -162,10 +172,9 @@ def run_train(args: argparse.Namespace) -> int:
     )
     from blockdraft.train.regenerate import encode_prompt
     from blockdraft.train.shards import read_split
-    from blockdraft.train.trainer import TrainConfig, Trainer, _checkpoints, new_drafter, world_from_env
+    from blockdraft.train.trainer import TrainConfig, Trainer, _checkpoints, new_drafter
 
     started = time.perf_counter()
-    world_from_env()
     target = _load_target(args, pack=False)  # training reads dense weights (init, gradients through the LM head)
     out = Path(args.out)
     if args.resume and _checkpoints(out):
@@ -207,9 +216,7 @@ def run_train(args: argparse.Namespace) -> int:
                       distill=args.distill, distill_topk=args.distill_topk, labels=args.labels,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
-    final = Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
-    print(final)
-    return 0
+    return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
 
 
 def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int | None, labels: str):

@@ -17,10 +17,10 @@ import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -424,10 +424,22 @@ def new_drafter(target: TargetModel, *, num_layers: int, block_size: int, mask_t
     return init_from_target(drafter, target) if from_target else drafter
 
 
-def world_from_env() -> None:
-    """Join the torchrun process group if launched by torchrun (gloo on CPU, nccl on CUDA)."""
-    if "RANK" in os.environ and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+@contextmanager
+def distributed_world() -> Iterator[None]:
+    """Join torchrun's process group for the block when launched by torchrun (gloo on CPU, nccl on CUDA).
+
+    The group is left on the way out: a process that exits with gloo's worker threads still alive can abort
+    ("terminate called without an active exception", SIGABRT), and NCCL warns about the same. After a clean
+    run the ranks meet at a barrier first, so none tears its connections down while another still uses them."""
+    if "RANK" not in os.environ or dist.is_initialized():
+        yield
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

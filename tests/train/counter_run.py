@@ -10,19 +10,19 @@ from transformers import AutoModelForCausalLM
 
 from blockdraft.modeling.target import TargetModel
 from blockdraft.train.features import OnlineFeatures
-from blockdraft.train.trainer import TrainConfig, Trainer, new_drafter, world_from_env
+from blockdraft.train.trainer import TrainConfig, Trainer, new_drafter, distributed_world
 from tests.train.test_trainer import MOD, sequences
 
 
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING)
     target_dir, out, steps = argv[0], argv[1], int(argv[2])
-    world_from_env()
     target = TargetModel(AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32))
     drafter = new_drafter(target, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
     cfg = TrainConfig(out=out, epochs=4, lr=3e-3, max_anchors=16, log_every=5, save_every=2, max_steps=steps,
                       keep_checkpoints=3)
-    Trainer(cfg, target, drafter, sequences(32), OnlineFeatures(target)).run(resume="--resume" in argv)
+    with distributed_world():
+        Trainer(cfg, target, drafter, sequences(32), OnlineFeatures(target)).run(resume="--resume" in argv)
 
 
 if __name__ == "__main__":

@@ -166,9 +166,28 @@ def test_killed_run_resumes_to_the_same_weights(counter_dir, tmp_path):
 
 
 def test_torchrun_two_processes_stay_in_sync(counter_dir, tmp_path):
-    proc = _run("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+    proc = _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "tests.train.counter_run", str(counter_dir), str(tmp_path / "ddp"), "6")
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, output
+    assert "terminate called" not in output  # a rank that exits inside the process group can abort
     assert output.count("all 2 ranks hold identical weights") >= 2  # at checkpoints and at the end
     assert (tmp_path / "ddp" / "final" / "model.safetensors").is_file()
+
+
+def test_distributed_world_joins_and_leaves_the_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from blockdraft.train.trainer import distributed_world
+
+    with distributed_world():  # not launched by torchrun: nothing to join
+        assert not dist.is_initialized()
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with distributed_world():
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="inside"), distributed_world():
+        raise RuntimeError("inside")
+    assert not dist.is_initialized()  # left on the way out of a failed run too
