@@ -333,11 +333,12 @@ class Scheduler:
             self._end(job, Done(output, job.admitted - job.arrived), "served")
 
     def _end(self, job: Job, event: Event | None, outcome: str) -> None:
-        """Free the job's row and send its last event."""
+        """Count the outcome, free the job's row and send its last event (counted first: whoever sees the row
+        free, on another thread, also sees the count)."""
+        self.counts[outcome] += 1
         if job.row is not None and self.running.get(job.row) is job:
             del self.running[job.row]
             self.batch.release(job.row)
-        self.counts[outcome] += 1
         if event is not None:
             self._send(job, event)
 
