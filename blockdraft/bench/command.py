@@ -112,7 +112,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     from blockdraft.api import Pipeline
     from blockdraft.bench.report import cost_accounting, plots, summaries
     from blockdraft.bench.runner import method_names, run_batched, run_bench, run_replay
-    from blockdraft.decoding.costs import verify_cost_curve
+    from blockdraft.decoding.costs import report_cost_curve
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -142,7 +142,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
     blocks = [r.block_size for r in records if r.block_size > 1]
     if blocks and not args.no_cost:
         context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in records))
-        curve = verify_cost_curve(pipe.target, max(blocks), context=context)
+        curve = report_cost_curve(pipe.target, max(blocks), context)
         result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
     result["plots"] = [p.name for p in plots(result, out)]
     return result

@@ -38,7 +38,7 @@ from blockdraft.bench.report import cost_accounting, summaries
 from blockdraft.bench.runner import BenchSettings, Record, run_bench
 from blockdraft.bench.serve_sweep import ServerSpec, run_server
 from blockdraft.decoding.batch_engine import BatchEngine
-from blockdraft.decoding.costs import verify_cost_curve
+from blockdraft.decoding.costs import report_cost_curve
 from blockdraft.decoding.engine import DecodeOptions
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
@@ -289,7 +289,7 @@ def cost_curve(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record
     """The verify cost curve at the median context of the lowest temperature's default-engine runs."""
     ours = [r for r in results[min(results)][1] if r.method.startswith("dflash")]
     context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in ours))
-    return context, verify_cost_curve(pipe.target, pipe.drafter.config.block_size, context=context)
+    return context, report_cost_curve(pipe.target, pipe.drafter.config.block_size, context)
 
 
 def acceptance_figures(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record]]],

@@ -100,7 +100,8 @@ def blocks(report: dict[str, Any], plots: dict[str, str]) -> list[Block]:
         ["cycles that decoded plainly (adaptive fallback)", f"{w['plain_cycles']} of {w['plain_cycles'] + w['cycles']}"
          if w.get("plain_cycles") is not None and w.get("cycles") is not None else "-"]]))
     if "cost" in plots:
-        out.append(("img", plots["cost"], f"Verify cost curve at {w['context_tokens']} tokens of context"))
+        out.append(("img", plots["cost"], f"Verify cost curve at {w['context_tokens']} tokens of context "
+                    "(median of 9 rounds per size)"))
 
     head("speed")
     out.append(("table", ["dataset", "T", "speed-up (end to end)", "s per response (ours / plain)",

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from blockdraft.decoding.batch_engine import BatchEngine
-from blockdraft.decoding.costs import cost_key, monotone, verify_cost_curve
+from blockdraft.decoding.costs import cost_key, monotone, report_cost_curve, verify_cost_curve
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.fast_target import FastTarget
@@ -52,12 +52,9 @@ def test_the_cache_key_tells_cpus_apart(monkeypatch):
     assert cost_key(target, 4, 20) != key
 
 
-def test_the_curve_is_the_fastest_round_made_non_decreasing(monkeypatch):
-    assert monotone([1.0, 3.0, 2.0, 4.0, 4.0, 3.5, 6.0]) == pytest.approx([1, 2.5, 2.5, 23 / 6, 23 / 6, 23 / 6, 6])
-    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
-    target = FastTarget(tiny_hf_model("llama"))
+def _fake_clock(monkeypatch, target: FastTarget, seconds: dict[int, list[float]]) -> None:
+    """Each timed forward of q tokens takes the next of seconds[q] on a fake clock (the warm-up is free)."""
     clock = [0.0]
-    seconds = {1: [1.0, 1.0], 2: [5.0, 2.0], 3: [1.5, 1.5]}  # a neighbour slows one round of q = 2
     calls = {q: 0 for q in seconds}
     forward = target.forward
 
@@ -69,5 +66,31 @@ def test_the_curve_is_the_fastest_round_made_non_decreasing(monkeypatch):
         return forward(ids, *a, **k)
     target.forward = timed
     monkeypatch.setattr("blockdraft.decoding.costs.now", lambda _device=None: clock[0])
+
+
+def test_the_curve_is_the_fastest_round_made_non_decreasing(monkeypatch):
+    assert monotone([1.0, 3.0, 2.0, 4.0, 4.0, 3.5, 6.0]) == pytest.approx([1, 2.5, 2.5, 23 / 6, 23 / 6, 23 / 6, 6])
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    target = FastTarget(tiny_hf_model("llama"))
+    _fake_clock(monkeypatch, target, {1: [1.0, 1.0], 2: [5.0, 2.0], 3: [1.5, 1.5]})  # a neighbour slows q = 2 once
     curve = verify_cost_curve(target, 3, context=10, repeats=2)
     assert curve == pytest.approx({1: 1.0, 2: 1.75, 3: 1.75})  # min per q: 1, 2, 1.5, then pooled
+
+
+def test_a_report_curve_takes_each_size_s_median_round(monkeypatch):
+    target = FastTarget(tiny_hf_model("llama"))
+    seconds = {1: [1.0, 3.0, 1.0], 2: [2.0, 2.0, 9.0], 3: [3.0, 2.5, 3.0]}
+    _fake_clock(monkeypatch, target, seconds)
+    assert verify_cost_curve(target, 3, context=10, repeats=3, statistic="median") == \
+        pytest.approx({1: 1.0, 2: 2.0, 3: 3.0})
+    target = FastTarget(tiny_hf_model("llama"))
+    _fake_clock(monkeypatch, target, seconds)
+    assert verify_cost_curve(target, 3, context=10, repeats=3) == pytest.approx({1: 1.0, 2: 2.0, 3: 2.5})
+    with pytest.raises(InvalidArgumentError, match="statistic='mean': expected one of"):
+        verify_cost_curve(target, 3, context=10, statistic="mean")
+    target = FastTarget(tiny_hf_model("llama"))
+    rounds: list[int] = []
+    forward = target.forward
+    target.forward = lambda ids, *a, **k: (rounds.append(ids.shape[1]), forward(ids, *a, **k))[1]
+    assert sorted(report_cost_curve(target, 2, context=10)) == [1, 2]
+    assert rounds.count(1) == 10  # 9 timed rounds after the warm-up
