@@ -166,10 +166,15 @@ def _datasets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["dataset"] != "overall"]
 
 
-def _where(rows: list[dict[str, Any]], key: str, label: Any) -> tuple[list[str], list[str]]:
-    pays = [f"{label(r)} ({r[key]:.2f}x)" for r in rows if r.get(key) is not None and r[key] >= PAYS]
-    loses = [f"{label(r)} ({r[key]:.2f}x)" for r in rows if r.get(key) is not None and r[key] < 1.0]
-    return pays, loses
+def _where(rows: list[dict[str, Any]], key: str, label: Any) -> tuple[list[str], list[str], list[str]]:
+    """The rows that pay, those slower than plain decoding within a run's noise, and those clearly slower."""
+    shown = [(r[key], f"{label(r)} ({r[key]:.2f}x)") for r in rows if r.get(key) is not None]
+    return ([t for x, t in shown if x >= PAYS], [t for x, t in shown if SLOWER <= x < 1.0],
+            [t for x, t in shown if x < SLOWER])
+
+
+def _places(rows: list[str]) -> str:
+    return ", ".join(r.split(" (")[0] for r in rows)
 
 
 def verdict(fig: dict[str, Any], marks: list[Section]) -> tuple[str, str]:
@@ -180,9 +185,11 @@ def verdict(fig: dict[str, Any], marks: list[Section]) -> tuple[str, str]:
         reasons = "; ".join(r for s in blocking for r in s.reasons if r)
         return FAIL, f"Do not deploy this pair: {reasons}."
     single = _datasets(fig["speed"]["single"])
-    pays, loses = _where(single, "speedup", lambda r: f"{r['dataset']} at T={r['temperature']:g}")
+    pays, even, below = _where(single, "speedup", lambda r: f"{r['dataset']} at T={r['temperature']:g}")
+    loses = even + below
     server = fig["speed"].get("server") or []
-    s_pays, s_loses = _where(server, "speedup", lambda r: f"concurrency {r['concurrency']}")
+    s_pays, s_even, s_below = _where(server, "speedup", lambda r: f"concurrency {r['concurrency']}")
+    s_loses = s_even + s_below
     parts = []
     if pays:
         parts.append("Speculation pays on " + ", ".join(pays))
@@ -202,12 +209,14 @@ def verdict(fig: dict[str, Any], marks: list[Section]) -> tuple[str, str]:
         text += " Leave it off: it costs memory and buys no latency here."
     elif (loses or s_loses) and not adaptive:
         text += " Deploy with adaptive verify, which falls back to plain decoding where drafting cannot pay."
-    elif loses or s_loses:
-        where = ", ".join([r.split(" (")[0] for r in loses] + [r.split(" (")[0] for r in s_loses])
-        text += (f" Deploy it where it pays; it loses at {where} even with adaptive verify on, so serve those"
-                 + (" loads with --no-draft." if s_loses and not loses else " with --no-draft."))
+    elif below or s_below:
+        text += (f" Deploy it where it pays; it loses at {_places(below + s_below)} even with adaptive verify on, "
+                 "so serve those" + (" loads with --no-draft." if s_below and not below else " with --no-draft."))
     else:
         text += " Deploy it."
+    if adaptive and (pays or s_pays) and (even or s_even):  # a shortfall this small is no reason to turn it off
+        text += (f" At {_places(even + s_even)} it is within {100 * (1 - SLOWER):.0f}% of plain decoding, inside "
+                 "a run's noise: measure again with more prompts before turning it off there.")
     cap = fig["memory"]
     text += (f" Memory: {cap['fit_with_drafter']} concurrent {cap['context_tokens']}-token requests fit in the "
              f"budget with the drafter ({cap['fit_without_drafter']} without).")
