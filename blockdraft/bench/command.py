@@ -5,7 +5,6 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 from blockdraft.bench.runner import BenchSettings, resolved_sampler
@@ -110,7 +109,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
     from blockdraft.api import Pipeline
-    from blockdraft.bench.report import cost_accounting, plots, summaries
+    from blockdraft.bench.report import cost_accounting, curve_context, plots, summaries
     from blockdraft.bench.runner import method_names, run_batched, run_bench, run_replay
     from blockdraft.decoding.costs import report_cost_curve
 
@@ -141,7 +140,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         result["batch"] = run_batched(pipe, prompts, methods, settings, args.batch, args.batch_rounds)
     blocks = [r.block_size for r in records if r.block_size > 1]
     if blocks and not args.no_cost:
-        context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in records))
+        context = curve_context(records)
         curve = report_cost_curve(pipe.target, max(blocks), context)
         result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
     result["plots"] = [p.name for p in plots(result, out)]

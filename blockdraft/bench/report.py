@@ -109,6 +109,12 @@ def summaries(records: list[Record], methods: list[str], compared: Collection[st
     return result
 
 
+def curve_context(records: list[Record]) -> int:
+    """The context length a run's verify cost curve is measured at: the median of the records' prompt plus
+    half their answer (a verify's typical position)."""
+    return int(median(r.prompt_tokens + r.new_tokens // 2 for r in records))
+
+
 def cost_accounting(overall: dict[str, dict[str, Any]], curve: dict[int, float], context: int) -> dict[str, Any]:
     """Break-even acceptance and predicted vs measured speed-up of each DFlash method (vs no_draft); the
     prediction prices the cycles the method actually ran, plain steps included, by the cost curve."""

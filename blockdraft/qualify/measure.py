@@ -25,7 +25,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import median
 from typing import Any, Iterator
 
 import torch
@@ -34,7 +33,7 @@ from tqdm import tqdm
 from blockdraft.api import Pipeline
 from blockdraft.bench.metrics import mean_acceptance_length, pooled_histogram, pooled_per_position
 from blockdraft.bench.replay import replay_acceptance
-from blockdraft.bench.report import cost_accounting, summaries
+from blockdraft.bench.report import cost_accounting, curve_context, summaries
 from blockdraft.bench.runner import BenchSettings, Record, run_bench
 from blockdraft.bench.serve_sweep import ServerSpec, run_server
 from blockdraft.decoding.batch_engine import BatchEngine
@@ -288,7 +287,7 @@ def cost_curve(pipe: Pipeline, results: dict[float, tuple[list[str], list[Record
                ) -> tuple[int, dict[int, float]]:
     """The verify cost curve at the median context of the lowest temperature's default-engine runs."""
     ours = [r for r in results[min(results)][1] if r.method.startswith("dflash")]
-    context = int(median(r.prompt_tokens + r.new_tokens // 2 for r in ours))
+    context = curve_context(ours)
     return context, report_cost_curve(pipe.target, pipe.drafter.config.block_size, context)
 
 
