@@ -298,14 +298,23 @@ class CycleOutcomes:
 
 
 class CostDrift:
-    """log(observed / curve) of the verify forwards per verify size q, filled in across neighbouring sizes.
+    """log(observed / curve) of the verify forwards per verify size q: a level shared by all sizes, plus each
+    size's own deviation from it, filled in across neighbouring sizes.
 
-    Each size keeps decayed sums of its forwards' log ratios (each forward counts `decay` less per later
-    one, so ~1 / (1 - decay) are remembered). The correction at q is the mean of q's own forwards, plus its
-    neighbours' means weighted by a Gaussian in the distance |q - j| (`width` sizes) and by their counts up
-    to `prior`, shrunk towards 0 (the curve is right) as if `prior` forwards had agreed with the curve: a
-    size observed often gets its own ratio, its unobserved neighbours part of theirs, distant sizes keep the
-    measured curve. Refitted every `refit_every` forwards; the factor stays within [1 / limit, limit]."""
+    The level is the mean log ratio of all recent forwards: a machine that runs slower than when the curve
+    was measured (another job's load, longer contexts, a batch whose rows are not contiguous in the cache)
+    is slower at every size, so the sizes the policy never verifies scale with the ones it does. Correcting
+    only the observed sizes would make the others look cheaper by the same factor: a policy that decodes
+    plainly, on a machine 50% slower than its curve, would see every verify of drafts 50% cheaper than a
+    plain step and start drafting where it loses (measured in the server's batches, session 16).
+
+    On top of the level, each size keeps decayed sums of its forwards' log ratios (each forward counts
+    `decay` less per later one, so ~1 / (1 - decay) are remembered). Its deviation is the mean of its own
+    forwards' deviations, plus its neighbours' weighted by a Gaussian in the distance |q - j| (`width`
+    sizes) and by their counts up to `prior`, shrunk towards 0 (the curve's shape is right) as if `prior`
+    forwards had agreed with it: a size observed often gets its own ratio, its unobserved neighbours part of
+    their shape correction, distant sizes the curve's shape at the observed level. Refitted every
+    `refit_every` forwards; the factor stays within [1 / limit, limit]."""
 
     def __init__(self, sizes: int, decay: float = 0.99, prior: float = 2.0, width: float = 2.0,
                  refit_every: int = 8, limit: float = 2.0) -> None:
@@ -327,13 +336,16 @@ class CostDrift:
         self.seen += 1
         if self.seen % self.refit_every:
             return False
+        level = sum(self.total) / sum(self.weight)
+        own = [t - w * level for w, t in zip(self.weight, self.total)]  # each size's summed deviation
         # a neighbour counts at most `prior` forwards: it fills in a size with little evidence of its own,
         # but does not pull a well-observed size off its own mean
-        capped = [(min(w, self.prior), t / w if w else 0.0) for w, t in zip(self.weight, self.total)]
-        self.log_factor = [
-            (self.total[q] + sum(k * c * m for j, (k, (c, m)) in enumerate(zip(row, capped)) if j != q))
-            / (self.prior + self.weight[q] + sum(k * c for j, (k, (c, _)) in enumerate(zip(row, capped)) if j != q))
-            for q, row in enumerate(self.kernel)]
+        capped = [(min(w, self.prior), d / w if w else 0.0) for w, d in zip(self.weight, own)]
+        self.log_factor = []
+        for q, row in enumerate(self.kernel):
+            near = [(k * c, k * c * m) for j, (k, (c, m)) in enumerate(zip(row, capped)) if j != q]
+            deviation = (own[q] + sum(v for _, v in near)) / (self.prior + self.weight[q] + sum(w for w, _ in near))
+            self.log_factor.append(max(-self.log_limit, min(self.log_limit, level + deviation)))
         return True
 
     def factor(self, q: int) -> float:
