@@ -113,8 +113,9 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
 
 
 def resolved_sampler(sampler: str) -> str:
-    """The sampler a run uses. Every bench run is seeded (so it repeats), but "auto" measures what a request
-    without a seed gets: the rejection rule."""
+    """The sampler a run uses. Every bench run is seeded, but "auto" measures what a request without a seed
+    gets: the rejection rule, which repeats token for token only with a fixed verify length (the adaptive
+    policy's lengths follow measured timings); the gumbel sampler repeats with any."""
     return "rejection" if sampler == "auto" else sampler
 
 

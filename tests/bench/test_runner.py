@@ -70,10 +70,16 @@ def test_the_full_vocabulary_variant_runs_beside_the_draft_vocabulary():
         run_batched(pipe, PROMPTS, methods, s, rows=2, rounds=0)
 
 
-def test_sampled_runs_are_reproducible(pipe):
-    s = BenchSettings(max_new_tokens=8, temperature=0.8, methods=("dflash", "no_draft"), turns=1)
+@pytest.mark.parametrize("verify, sampler", [("fixed", "rejection"), ("adaptive", "gumbel")])
+def test_sampled_runs_are_reproducible(pipe, verify, sampler):
+    """Seeded runs repeat token for token where the sampler promises it (docs/serve.md, `seed`): the rejection
+    rule with a fixed verify length, the gumbel sampler with any. The adaptive policy's lengths follow measured
+    timings, and the rejection rule's uniforms follow the lengths, so that pair keeps the distribution only."""
+    s = BenchSettings(max_new_tokens=8, temperature=0.8, methods=("dflash", "no_draft"), turns=1,
+                      verify=(verify,), samplers=(sampler,))
     _, first = run_bench(pipe, PROMPTS, s, progress=False)
     _, again = run_bench(pipe, PROMPTS, s, progress=False)
+    assert any("adaptive" in r.method for r in first) == (verify == "adaptive")
     assert [r.token_ids for r in first] == [r.token_ids for r in again]
 
 
