@@ -144,9 +144,9 @@ class AdaptiveVerify:
         The curve is measured once, at one context length, and cached; the machine's load, the context the
         requests really have, or a measurement disturbed by another job can make it wrong, and wrong in shape
         (c(4) / c(1) measured 1.47 under a neighbour's load, 1.19 alone). So every forward is compared with
-        it, and the log of the ratio is learned per size and smoothed across neighbouring sizes (`CostDrift`),
-        so the correction also reaches lengths next to the ones the policy chooses (the curve may price them
-        too high for the policy ever to try them)."""
+        it, and the log of the ratio is learned as one level for all sizes plus each size's deviation,
+        smoothed across neighbouring sizes (`CostDrift`), so the correction also reaches lengths the policy
+        does not choose (the curve may price them too high for the policy ever to try them)."""
         if not (self.learn_costs and tokens >= rows >= 1 and seconds > 0):
             return
         drift, q = self.drift.setdefault(rows, CostDrift(self.max_drafts + 1)), 1 + tokens - rows
