@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Load sweep of the server (docs/serve.md): our server with speculation, with --no-draft, the one-at-a-time
 # FIFO path (--max-batch 1), and llama.cpp's OpenAI server on the same model (its Q4_1 GGUF, and an F32 GGUF
-# of the same weights made with llama.cpp's own converter), one after another, in ABBA rounds.
+# of the same weights made with llama.cpp's own converter), all up together, each concurrency level run on one
+# server after another in an order that alternates from round to round (ABBA per level; --one-at-a-time: a
+# whole server's sweep at a time).
 #   scripts/serve_sweep.sh [OUT] [extra python -m blockdraft.bench.serve_sweep flags]
 # llama-cpp-python builds from source into its own venv under ~/.cache/blockdraft/llamacpp (~9 min, once);
 # LLAMA_THREADS (default 2) sets its threads. SKIP_LLAMA=1 leaves llama.cpp out.

@@ -1,12 +1,17 @@
 """Load sweep of several OpenAI-compatible servers on one machine, in ABBA rounds (docs/serve.md).
 
-    for each round (the second in reverse order): for each server: start it (a subprocess), wait until it
-    answers, sweep the concurrencies closed-loop (`blockdraft.bench.load_client`), stop it (SIGTERM)
+    start every server (subprocesses, one after another, each once it answers: a first start measures the
+    verify cost curves with the machine to itself), then for each round and concurrency: run that level
+    closed-loop (`blockdraft.bench.load_client`) on each server in turn, the order alternating from level to
+    level and round to round (ABBA per level: these machines' speed drifts by 20-30% over minutes, and a
+    level takes about a minute, a whole server's sweep ten); stop them (SIGTERM)
     then (the concurrency-1 overhead of the server): the main server and Pipeline.stream called directly (a
     worker subprocess: the model on its main thread) both loaded, the same prompts sent to one then the other,
     request by request, the order alternating (ABBA), so machine drift hits both alike
 
-Servers run one at a time, so they never share the two cores. Per concurrency level, request i sends
+Only one server has clients at a time, so they never share the cores (an idle one sleeps); all of them
+hold their memory at once, which `--one-at-a-time` avoids (each round starts, sweeps and stops each
+server in turn, the second round in reverse order). Per concurrency level, request i sends
 prompt i mod P and max(c, P) requests are sent, so the c = 32 level is a 32-client burst of the same
 prompts the c = 1 level sends alone: `identity` compares every greedy reply of every level with that
 request alone on the same server, and with the reference server's (plain decoding: the target's own
@@ -28,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from tqdm import tqdm
 
@@ -98,16 +103,49 @@ def serving(spec: ServerSpec, port: int, log_path: Path) -> Iterator[str]:
                 proc.wait()
 
 
-def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, log_path: Path,
+def run_level(url: str, prompts: list[Prompt], c: int, max_tokens: int, warmup: bool) -> dict[str, Any]:
+    """One closed-loop level of `c` clients (max(c, P) requests, each text kept) against the server at `url`."""
+    return server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
+                        requests_per_level=max(c, len(prompts)), warmup=1 if warmup else 0, texts=True)["levels"][0]
+
+
+def _run_record(spec: ServerSpec, levels: list[dict[str, Any]], round_: int) -> dict[str, Any]:
+    return {"name": spec.name, "command": [p.replace("{port}", "PORT") for p in spec.command], "levels": levels,
+            "round": round_}
+
+
+def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, log_path: Path, round_: int = 0,
                ) -> dict[str, Any]:
     """Start `spec`, sweep its concurrencies, stop it; the sweep's levels (each with its texts). Port 0: a free one."""
     with serving(spec, port, log_path) as url:
-        levels = []
-        for i, c in enumerate(spec.concurrency):
-            sweep = server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
-                                 requests_per_level=max(c, len(prompts)), warmup=1 if i == 0 else 0, texts=True)
-            levels += sweep["levels"]
-    return {"name": spec.name, "command": [p.replace("{port}", "PORT") for p in spec.command], "levels": levels}
+        levels = [run_level(url, prompts, c, max_tokens, warmup=i == 0) for i, c in enumerate(spec.concurrency)]
+    return _run_record(spec, levels, round_)
+
+
+def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_tokens: int, rounds: int,
+                 out: Path, progress: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    """Start every server (port 0: free ones; else port, port + 1, ...), then per round and concurrency run
+    the level on each server that sweeps it, in `specs` order when round + level index is even, else reversed
+    (so each level's rounds pair up ABBA); stop them. One run record per server and round, as `run_server`
+    makes; `progress(runs)` after every level."""
+    levels = sorted({c for s in specs for c in s.concurrency})
+    runs: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(serving(s, port + i if port else 0, out / f"{s.name}.log"))
+                for i, s in enumerate(specs)]
+        warm: set[str] = set()
+        for r in range(rounds):
+            current = {s.name: _run_record(s, [], r) for s in specs}
+            runs += current.values()
+            for i, c in enumerate(levels):
+                turn = list(zip(specs, urls))
+                for spec, url in turn if (r + i) % 2 == 0 else turn[::-1]:
+                    if c in spec.concurrency:
+                        current[spec.name]["levels"].append(run_level(url, prompts, c, max_tokens,
+                                                                      warmup=spec.name not in warm))
+                        warm.add(spec.name)
+                progress(runs)
+    return runs
 
 
 def _free_port() -> int:
@@ -278,7 +316,8 @@ def markdown(result: dict[str, Any]) -> str:
     table, main, baselines = result["summary"], result["main"], result["baselines"]
     names = list(table)
     lines = [f"Closed-loop clients, {result['prompts']} {result.get('dataset', 'mt-bench')} first turns, {result['max_tokens']} max tokens, "
-             f"T=0, {result['rounds']} rounds (ABBA); mean over rounds, (min-max) of the per-round ratios.", ""]
+             f"T=0, {result['rounds']} rounds ({_order(result)}); mean over rounds, (min-max) of the per-round ratios.",
+             ""]
     head = ["c"] + [f"{n} tok/s" for n in names] + [f"{main} x {b}" for b in baselines]
     head += [f"{main} req/s", f"{main} TTFT p50/p95 (s)", f"{main} latency p50/p95 (s)", "errors"]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
@@ -307,6 +346,12 @@ def markdown(result: dict[str, Any]) -> str:
               + "; ".join(f"{n} {v['same_as_alone']}/{v['replies']} alone, {v['same_as_reference']}/"
                           f"{v['compared_with_reference']} reference" for n, v in result["identity"].items())]
     return "\n".join(lines) + "\n"
+
+
+def _order(result: dict[str, Any]) -> str:
+    if result.get("together", False):
+        return "servers up together, each level's order alternating: ABBA per level"
+    return "one server at a time, the order alternating: ABBA per round"
 
 
 def overhead_line(o: dict[str, Any]) -> str:
@@ -360,8 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="mt-bench", help="prompts: a bench dataset or a JSONL file (default mt-bench)")
     p.add_argument("--samples", type=int, default=8, help="first turns of it (default 8)")
     p.add_argument("--max-tokens", type=int, default=256, help="max tokens per reply (default 256)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds; even rounds run the servers in reverse (default 2)")
-    p.add_argument("--port", type=int, default=8123, help="port the servers listen on (default 8123; 0: a free one each time)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds; each level's order of servers alternates from round to round (default 2)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="start, sweep and stop each server in turn (less memory; drift between servers' sweeps "
+                        "then shows up in the ratios) instead of keeping them all up and alternating per level")
+    p.add_argument("--port", type=int, default=8123,
+                   help="port of the first server, the next ones count up (default 8123; 0: free ones)")
     p.add_argument("--overhead-rounds", type=int, default=2,
                    help="rounds of the concurrency-1 comparison of the main server with Pipeline.stream called "
                         "directly, request by request (default 2; 0 skips it)")
@@ -387,11 +437,17 @@ def main(argv: list[str] | None = None) -> int:
         raise InvalidArgumentError("no --server given: expected at least one NAME=COMMAND")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if len({s.name for s in specs}) < len(specs):
+        raise InvalidArgumentError(f"--server names {[s.name for s in specs]}: expected each name once")
     runs: list[dict[str, Any]] = []
-    for r in range(args.rounds):
-        for spec in specs if r % 2 == 0 else specs[::-1]:
-            runs.append(run_server(spec, args.port, prompts, args.max_tokens, out / f"{spec.name}.log") | {"round": r})
-            _save(out, args, runs, None, specs, len(prompts))
+    if args.one_at_a_time:
+        for r in range(args.rounds):
+            for spec in specs if r % 2 == 0 else specs[::-1]:
+                runs.append(run_server(spec, args.port, prompts, args.max_tokens, out / f"{spec.name}.log", r))
+                _save(out, args, runs, None, specs, len(prompts))
+    else:
+        runs = run_together(specs, args.port, prompts, args.max_tokens, args.rounds, out,
+                            lambda so_far: _save(out, args, so_far, None, specs, len(prompts)))
     over = None
     if args.overhead_rounds:
         worker = ["--dataset", args.dataset, "--samples", str(args.samples), "--max-tokens", str(args.max_tokens)]
@@ -412,6 +468,7 @@ def _save(out: Path, args: argparse.Namespace, runs: list, over: dict[str, Any] 
 
     result = {"schema": "blockdraft.bench.serve_sweep/1", "environment": environment(torch.device("cpu"), torch.float32),
               "dataset": args.dataset, "prompts": prompts, "max_tokens": args.max_tokens, "rounds": args.rounds,
+              "together": not args.one_at_a_time,
               "main": specs[0].name, "baselines": args.baseline, "reference": args.reference,
               "servers": {s.name: " ".join(s.command) for s in specs}, "summary": summarize(runs),
               "identity": identity(runs, args.reference, prompts), "overhead": over, "runs": runs,

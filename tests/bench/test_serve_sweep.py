@@ -1,6 +1,7 @@
 """The multi-server load sweep: its summary, ratios and identity counts, and one real run on a tiny server."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -94,10 +95,52 @@ def test_a_real_sweep_of_a_tiny_server(tmp_path, tiny_target_dir):
                              "--direct-target", str(tiny_target_dir), "--port", "0", "--out", str(tmp_path)])
     assert code == 0
     result = json.loads((tmp_path / "sweep.json").read_text())
-    assert [r["name"] for r in result["runs"]] == ["tiny", "fifo", "fifo", "tiny"]  # ABBA
+    assert [(r["name"], r["round"]) for r in result["runs"]] == [("tiny", 0), ("fifo", 0), ("tiny", 1), ("fifo", 1)]
+    assert [len(r["levels"]) for r in result["runs"]] == [2, 1, 2, 1] and result["together"]
     assert all(lv["errors"] == 0 for r in result["runs"] for lv in r["levels"])
     assert result["identity"]["tiny"]["same_as_reference"] == result["identity"]["tiny"]["compared_with_reference"] > 0
     assert (tmp_path / "throughput.png").stat().st_size > 0 and "tiny x fifo" in (tmp_path / "sweep.md").read_text()
     over = result["overhead"]  # the main server at c=1 against Pipeline.stream on the same target, per request
     assert over["server"] == "tiny" and over["errors"] == 0 and len(over["pairs"]) == 2
     assert over["same_text"] == 2 and over["ratio"] > 0
+
+
+def test_servers_up_together_alternate_each_levels_order_from_round_to_round(monkeypatch, tmp_path):
+    calls = []
+
+    @contextlib.contextmanager
+    def serving(spec, port, log_path):
+        calls.append(("start", spec.name, port))
+        yield f"url-{spec.name}"
+        calls.append(("stop", spec.name))
+
+    def run_level(url, prompts, c, max_tokens, warmup):
+        calls.append((url[4:], c, warmup))
+        return level(c, 10.0, ["x"] * max(c, 2))
+
+    monkeypatch.setattr(serve_sweep, "serving", serving)
+    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    specs = [parse_server("a=serve {port}", (1, 4)), parse_server("b@1=serve {port}", (1, 4)),
+             parse_server("c=serve {port}", (1, 4))]
+    saved = []
+    runs = serve_sweep.run_together(specs, 9000, ["p", "q"], 8, 2, tmp_path, lambda r: saved.append(len(r)))
+    assert calls == [("start", "a", 9000), ("start", "b", 9001), ("start", "c", 9002),
+                     ("a", 1, True), ("b", 1, True), ("c", 1, True),    # round 0, level 0: in order
+                     ("c", 4, False), ("a", 4, False),                  # level 1: reversed (b sweeps c=1 only)
+                     ("c", 1, False), ("b", 1, False), ("a", 1, False),  # round 1: each level the other way
+                     ("a", 4, False), ("c", 4, False),
+                     ("stop", "c"), ("stop", "b"), ("stop", "a")]
+    assert [(r["name"], r["round"], [lv["concurrency"] for lv in r["levels"]]) for r in runs] == [
+        ("a", 0, [1, 4]), ("b", 0, [1]), ("c", 0, [1, 4]), ("a", 1, [1, 4]), ("b", 1, [1]), ("c", 1, [1, 4])]
+    assert saved == [3, 3, 6, 6]  # after every level
+    assert "ABBA per level" in markdown({**result_of(runs), "together": True})
+
+
+def result_of(runs: list[dict]) -> dict:
+    return {"summary": summarize(runs), "main": "a", "baselines": [], "prompts": 2, "max_tokens": 8, "rounds": 2,
+            "identity": identity(runs, None, 2)}
+
+
+def test_server_names_must_differ(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="expected each name once"):
+        serve_sweep.main(["--server", "a=x {port}", "--server", "a=y {port}", "--out", str(tmp_path), "--samples", "1"])
