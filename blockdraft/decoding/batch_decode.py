@@ -61,7 +61,7 @@ def decode_many(target: FastTarget, prompts: Sequence[list[int]], *, max_new_tok
         if not active:
             return
         ids = torch.tensor([[slots[r].tokens[-1]] for r in active], device=device)
-        view = None if active == list(range(len(active))) else active  # contiguous rows: no gather copy
+        view = None if active == list(range(len(active))) else active  # rows 0..b-1: one slice write per layer
         logits, _ = target.forward(ids, cache, [slots[r].start for r in active], features=False, rows=view)
         for r, tok in zip(active, pick(logits[:, -1])):
             row = slots[r]

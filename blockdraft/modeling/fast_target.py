@@ -128,6 +128,7 @@ class FastTarget(TargetModel):
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device)  # (b, q)
         row_idx = torch.arange(b, device=device) if rows is None else torch.tensor(list(rows), device=device)
         contiguous = rows is None
+        runs = [(0, b, 0)] if contiguous else _runs(list(rows))
         mask = None
         if not (b == 1 and q == 1):  # additive, built once (SDPA would convert a boolean mask in every layer)
             visible = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]
@@ -149,7 +150,7 @@ class FastTarget(TargetModel):
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             h = _rms_norm(layer.input_layernorm, x)
-            x = x + self._attention(i, layer, h, cache, positions, row_idx, contiguous, at, span, cos, sin, mask,
+            x = x + self._attention(i, layer, h, cache, positions, row_idx, runs, at, span, cos, sin, mask,
                                     None if lengths is None else (real, b, q))
             x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
             if i in wanted:
@@ -161,11 +162,13 @@ class FastTarget(TargetModel):
         return self.lm_head(h), feats
 
     def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor,
-                   row_idx: torch.Tensor, contiguous: bool, at: slice | None, span: int, cos: torch.Tensor,
-                   sin: torch.Tensor, mask: torch.Tensor | None,
+                   row_idx: torch.Tensor, runs: list[tuple[int, int, int]], at: slice | None, span: int,
+                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                    ragged: tuple[torch.Tensor | None, int, int] | None = None) -> torch.Tensor:
         """Self-attention of layer i. `ragged` = (real, b, q): h holds the real tokens flat (T, D); the
-        projections run on them, attention on the rows padded to (b, q)."""
+        projections run on them, attention on the rows padded to (b, q). `runs` (`_runs`): the batch's rows
+        lo..hi-1 sit in cache rows first..first+hi-lo-1; each run attends to a view of its cache rows (a
+        gather of scattered rows would copy their keys and values every layer: +17% on a 16-row cycle)."""
         attn = layer.self_attn
         if self._fused:
             qkv = self._fused[i][0](h)
@@ -187,17 +190,18 @@ class FastTarget(TargetModel):
         else:
             cache.k[i, row_idx[:, None], :, positions] = ks.transpose(1, 2)
             cache.v[i, row_idx[:, None], :, positions] = vs.transpose(1, 2)
-        if contiguous:  # a view of rows 0..b-1; other rows are gathered (a copy)
-            keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
-        else:
-            keys, values = cache.k[i, row_idx, :, :span], cache.v[i, row_idx, :, :span]
-        if _grouped(qs):
-            out = _grouped_attention(qs, keys, values, mask, self.scaling)
-        else:
-            out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
-                                                 enable_gqa=qs.shape[1] != keys.shape[1])
-        out = out.transpose(1, 2).reshape(b, q, -1)
+        parts = [self._attend(qs[lo:hi], cache.k[i, first:first + hi - lo, :, :span],
+                              cache.v[i, first:first + hi - lo, :, :span], None if mask is None else mask[lo:hi])
+                 for lo, hi, first in runs]
+        out = (parts[0] if len(parts) == 1 else torch.cat(parts)).transpose(1, 2).reshape(b, q, -1)
         return attn.o_proj(out if ragged is None else _gather(out, ragged[0]))
+
+    def _attend(self, qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        if _grouped(qs):
+            return _grouped_attention(qs, keys, values, mask, self.scaling)
+        return F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scaling,
+                                              enable_gqa=qs.shape[1] != keys.shape[1])
 
     def _mlp(self, i: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
@@ -205,6 +209,18 @@ class FastTarget(TargetModel):
             return mlp(h)
         gate, up = self._fused[i][1](h).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def _runs(rows: list[int]) -> list[tuple[int, int, int]]:
+    """The batch's rows as runs of consecutive cache rows: (lo, hi, first) = batch rows lo..hi-1 are cache rows
+    first..first+hi-lo-1. [0, 1, 2, 5, 6] -> [(0, 3, 0), (3, 5, 5)]."""
+    runs: list[tuple[int, int, int]] = []
+    for i, r in enumerate(rows):
+        if runs and r == runs[-1][2] + i - runs[-1][0]:
+            runs[-1] = (runs[-1][0], i + 1, runs[-1][2])
+        else:
+            runs.append((i, i + 1, r))
+    return runs
 
 
 def _scatter(flat: torch.Tensor, real: torch.Tensor | None, b: int, q: int) -> torch.Tensor:

@@ -54,9 +54,10 @@ def test_engine_on_the_fast_path_equals_hf_generate(arch):
     assert out == ref[0, 5:].tolist()
 
 
-def test_rows_in_order_attend_to_views_of_the_cache(monkeypatch):
-    """Rows 0..b-1 (rows=None) read their keys and values in place, whatever their starts; only an explicit
-    subset of rows is gathered. A copy here would move the whole batch's cache through memory every layer."""
+def test_rows_attend_to_views_of_the_cache(monkeypatch):
+    """Rows 0..b-1 (rows=None) read their keys and values in place, whatever their starts, and so does any
+    subset of rows, one run of consecutive cache rows at a time. A gather here would copy the keys and values
+    of every row through memory in every layer."""
     import blockdraft.modeling.fast_target as ft
 
     fast = FastTarget(tiny_hf_model("llama", layers=2))
@@ -73,8 +74,33 @@ def test_rows_in_order_attend_to_views_of_the_cache(monkeypatch):
     fast.forward(torch.randint(0, 96, (3, 1)), cache, [6, 4, 5], features=False)  # different starts, rows in order
     assert seen and all(seen)
     seen.clear()
-    fast.forward(torch.randint(0, 96, (2, 1)), cache, [8, 7], features=False, rows=[2, 0])  # a subset: gathered
-    assert seen and not any(seen)
+    fast.forward(torch.randint(0, 96, (2, 1)), cache, [8, 7], features=False, rows=[2, 0])  # two runs of one row
+    assert len(seen) == 2 * 2 and all(seen)
+
+
+def test_runs_of_consecutive_cache_rows():
+    from blockdraft.modeling.fast_target import _runs
+
+    assert _runs([0, 1, 2, 5, 6]) == [(0, 3, 0), (3, 5, 5)]
+    assert _runs([3]) == [(0, 1, 3)]
+    assert _runs([2, 0, 1]) == [(0, 1, 2), (1, 3, 0)]
+    assert _runs([4, 5, 7, 9, 10, 11]) == [(0, 2, 4), (2, 3, 7), (3, 6, 9)]
+
+
+def test_scattered_rows_verifying_several_tokens_equal_each_row_alone(arch):
+    """Rows 0, 2, 3 of a 4-row cache (two runs), ragged, each verifying its own number of tokens: the logits
+    of every row equal that row alone (the grouped attention path on a CPU)."""
+    fast = FastTarget(tiny_hf_model(arch, layers=2))
+    prompts = [torch.randint(0, 96, (1, n)) for n in (5, 9, 7, 6)]
+    cache = fast.new_cache(rows=4)
+    for r, p in enumerate(prompts):
+        fast.forward(p, cache, 0, rows=[r], features=False)
+    rows, lengths = [0, 2, 3], [3, 1, 4]
+    step = torch.randint(0, 96, (3, 4))
+    logits, _ = fast.forward(step, cache, [5, 7, 6], features=False, rows=rows, lengths=lengths)
+    for r, n, lg, ids in zip(rows, lengths, logits.split(lengths), step):
+        solo, _ = fast.forward(torch.cat([prompts[r], ids[None, :n]], 1), fast.new_cache(), 0, features=False)
+        assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
 
 
 def test_a_ragged_batch_equals_each_row_alone_and_runs_only_its_real_tokens(arch, monkeypatch):
