@@ -2,12 +2,15 @@
 
     python scripts/serve_cycles.py OUT.json serve --port 8000 [serve options]
     python scripts/serve_cycles.py --summary OUT.json [OUT2.json ...]
+    python scripts/serve_cycles.py --levels SWEEP.json NAME=OUT.json [NAME2=OUT2.json ...]
 
 The first form runs `blockdraft serve` with the arguments after OUT.json and, when the server stops, writes
-one record per decode cycle: rows in the batch, rows that verified drafts, tokens committed, seconds, and
+one record per decode cycle: when it ended (epoch seconds), rows in the batch, rows that verified drafts, tokens committed, seconds, and
 whether the rows were contiguous in the cache. Use it as a `serve_sweep` server command
 (`--server 'dflash=.venv/bin/python scripts/serve_cycles.py /tmp/dflash-{port}.json serve --port {port}'`).
-The second form prints, per file, each (rows, drafted) group's cycles, median seconds and tokens per second.
+The second form prints, per file, each (rows, drafted) group's cycles, median seconds and tokens per second;
+the third, per level of a sweep (`serve_sweep`'s sweep.json, servers named as there), the cycles its server ran
+while the level did, the time outside them, and the costliest (rows, D: drafting / p: plain) groups.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def record_cycles(out: Path) -> None:
         before = [len(s.stats.sources) for s in states]
         start = time.perf_counter()
         committed = cycle(self, active)
-        records.append({"rows": len(active), "seconds": time.perf_counter() - start,
+        records.append({"at": round(time.time(), 3), "rows": len(active), "seconds": time.perf_counter() - start,
                         "drafted": sum(len(s.stats.sources) > n for s, n in zip(states, before)),
                         "tokens": sum(map(len, committed.values())),
                         "contiguous": active == list(range(len(active)))})
@@ -63,9 +66,34 @@ def summary(path: Path) -> str:
     return "\n".join(lines)
 
 
+def levels(sweep_path: Path, records: dict[str, Path]) -> str:
+    """Per level of a `serve_sweep` run (sweep.json), the cycles of its server that ended while the level ran:
+    count, seconds, the time outside them (prefills, scheduling, HTTP) and the five costliest (rows, kind)."""
+    sweep = json.loads(sweep_path.read_text())
+    cycles = {name: json.loads(path.read_text()) for name, path in records.items()}
+    lines = []
+    for run in (r for r in sweep["runs"] if r["name"] in cycles):
+        for lv in run["levels"]:
+            start, end = lv["started"], lv["started"] + lv["wall_s"]
+            inside = [r for r in cycles[run["name"]] if start <= r["at"] <= end]
+            groups: dict[tuple[int, bool], list[float]] = defaultdict(list)
+            for r in inside:
+                groups[(r["rows"], r["drafted"] > 0)].append(r["seconds"])
+            spent = sum(r["seconds"] for r in inside)
+            top = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:5]
+            lines.append(f"{run['name']} round {run['round']} c={lv['concurrency']}: {lv['output_tokens_per_s']:.1f} tok/s, "
+                         f"{lv['wall_s']:.1f} s, {len(inside)} cycles {spent:.1f} s, outside them {lv['wall_s'] - spent:.1f} s | "
+                         + " ".join(f"{rows}{'D' if drafted else 'p'} {len(v)}x{statistics.median(v) * 1000:.0f}ms"
+                                    for (rows, drafted), v in top))
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--summary"] and len(argv) > 1:
         print("\n".join(summary(Path(p)) for p in argv[1:]))
+        return 0
+    if argv[:1] == ["--levels"] and len(argv) > 2 and all("=" in a for a in argv[2:]):
+        print(levels(Path(argv[1]), {n: Path(p) for n, p in (a.split("=", 1) for a in argv[2:])}))
         return 0
     if len(argv) < 2 or argv[1] != "serve":
         print(__doc__, file=sys.stderr)

@@ -104,9 +104,11 @@ def serving(spec: ServerSpec, port: int, log_path: Path) -> Iterator[str]:
 
 
 def run_level(url: str, prompts: list[Prompt], c: int, max_tokens: int, warmup: bool) -> dict[str, Any]:
-    """One closed-loop level of `c` clients (max(c, P) requests, each text kept) against the server at `url`."""
-    return server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
-                        requests_per_level=max(c, len(prompts)), warmup=1 if warmup else 0, texts=True)["levels"][0]
+    """One closed-loop level of `c` clients (max(c, P) requests, each text kept) against the server at `url`;
+    `started`: when its requests began (epoch seconds, to line it up with a server's own records)."""
+    level = server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
+                         requests_per_level=max(c, len(prompts)), warmup=1 if warmup else 0, texts=True)["levels"][0]
+    return level | {"started": round(time.time() - level["wall_s"], 3)}  # the warm-up is not in wall_s
 
 
 def _run_record(spec: ServerSpec, levels: list[dict[str, Any]], round_: int) -> dict[str, Any]:

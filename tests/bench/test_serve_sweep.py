@@ -98,6 +98,10 @@ def test_a_real_sweep_of_a_tiny_server(tmp_path, tiny_target_dir):
     assert [(r["name"], r["round"]) for r in result["runs"]] == [("tiny", 0), ("fifo", 0), ("tiny", 1), ("fifo", 1)]
     assert [len(r["levels"]) for r in result["runs"]] == [2, 1, 2, 1] and result["together"]
     assert all(lv["errors"] == 0 for r in result["runs"] for lv in r["levels"])
+    starts = [lv["started"] for r in result["runs"] for lv in r["levels"]]  # epoch seconds, in the order run
+    # runs: tiny r0 (c1, c2), fifo r0 (c1), tiny r1 (c1, c2), fifo r1 (c1); the order run, ABBA per level:
+    # r0 c1 tiny fifo, c2 tiny; r1 c1 fifo tiny, c2 tiny
+    assert starts[0] > 1.7e9 and sorted(starts) == [starts[i] for i in (0, 2, 1, 5, 3, 4)]
     assert result["identity"]["tiny"]["same_as_reference"] == result["identity"]["tiny"]["compared_with_reference"] > 0
     assert (tmp_path / "throughput.png").stat().st_size > 0 and "tiny x fifo" in (tmp_path / "sweep.md").read_text()
     over = result["overhead"]  # the main server at c=1 against Pipeline.stream on the same target, per request
