@@ -43,9 +43,10 @@ def record_cycles(out: Path) -> None:
                         "contiguous": active == list(range(len(active)))})
         return committed
 
-    def save() -> None:
+    def save() -> None:  # after any earlier server's records in `out` (a sweep may start one command twice)
+        earlier = json.loads(out.read_text()) if out.exists() else []
         with atomic_path(out) as tmp:
-            tmp.write_text(json.dumps(records))
+            tmp.write_text(json.dumps(earlier + records))
 
     Batch.cycle = timed
     atexit.register(save)
@@ -73,7 +74,7 @@ def levels(sweep_path: Path, records: dict[str, Path]) -> str:
     cycles = {name: json.loads(path.read_text()) for name, path in records.items()}
     lines = []
     for run in (r for r in sweep["runs"] if r["name"] in cycles):
-        for lv in run["levels"]:
+        for lv in (lv for lv in run["levels"] if "started" in lv):  # sweeps before session 17 have none
             start, end = lv["started"], lv["started"] + lv["wall_s"]
             inside = [r for r in cycles[run["name"]] if start <= r["at"] <= end]
             groups: dict[tuple[int, bool], list[float]] = defaultdict(list)
@@ -81,7 +82,7 @@ def levels(sweep_path: Path, records: dict[str, Path]) -> str:
                 groups[(r["rows"], r["drafted"] > 0)].append(r["seconds"])
             spent = sum(r["seconds"] for r in inside)
             top = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:5]
-            lines.append(f"{run['name']} round {run['round']} c={lv['concurrency']}: {lv['output_tokens_per_s']:.1f} tok/s, "
+            lines.append(f"{run['name']} round {run['round']} c={lv['concurrency']}: {lv['output_tokens_per_s'] or 0:.1f} tok/s, "
                          f"{lv['wall_s']:.1f} s, {len(inside)} cycles {spent:.1f} s, outside them {lv['wall_s'] - spent:.1f} s | "
                          + " ".join(f"{rows}{'D' if drafted else 'p'} {len(v)}x{statistics.median(v) * 1000:.0f}ms"
                                     for (rows, drafted), v in top))

@@ -258,10 +258,10 @@ def identity(runs: list[dict[str, Any]], reference: str | None, prompts: int) ->
     """Per server: greedy replies equal to the same request alone (its c = 1 level), and to `reference`'s."""
     solo_ref = {}
     if reference is not None:
-        ref_runs = [r for r in runs if r["name"] == reference]
+        ref_runs = [r for r in runs if r["name"] == reference and r["levels"]]
         solo_ref = dict(enumerate(_by_level(ref_runs[0])[min(_by_level(ref_runs[0]))]["texts"])) if ref_runs else {}
     report: dict[str, Any] = {}
-    for run in runs:
+    for run in (r for r in runs if r["levels"]):  # a server's run has no level yet early in a round
         levels = _by_level(run)
         solo = levels[min(levels)]["texts"]
         same = total = same_ref = total_ref = 0
@@ -437,10 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     specs = [parse_server(s, concurrency) for s in args.server]
     if not specs:
         raise InvalidArgumentError("no --server given: expected at least one NAME=COMMAND")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if len({s.name for s in specs}) < len(specs):
         raise InvalidArgumentError(f"--server names {[s.name for s in specs]}: expected each name once")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     if args.one_at_a_time:
         for r in range(args.rounds):

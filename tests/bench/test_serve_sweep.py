@@ -148,3 +148,13 @@ def result_of(runs: list[dict]) -> dict:
 def test_server_names_must_differ(tmp_path):
     with pytest.raises(InvalidArgumentError, match="expected each name once"):
         serve_sweep.main(["--server", "a=x {port}", "--server", "a=y {port}", "--out", str(tmp_path), "--samples", "1"])
+
+
+def test_identity_skips_servers_that_have_not_run_a_level_yet():
+    """Early in a round (servers up together), a server that does not sweep the first level has an empty run."""
+    early = runs()[:2] + [{"name": "c", "round": 0, "levels": []}, {"name": "b", "round": 1, "levels": []}]
+    report = identity(early, "b", 2)
+    assert "c" not in report and report["a"]["compared_with_reference"] > 0
+    assert identity([{"name": "b", "round": 0, "levels": []}] + runs()[:1], "b", 2)["a"]["compared_with_reference"] == 0
+    md = markdown(result_of(early))
+    assert "c" not in summarize(early) and "| a | 1 |" in md and "| c | 1 |" not in md
