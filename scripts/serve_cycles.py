@@ -52,11 +52,17 @@ def record_cycles(out: Path) -> None:
     atexit.register(save)
 
 
-def summary(path: Path) -> str:
+def by_kind(records: list[dict]) -> dict[tuple[int, bool], list[dict]]:
+    """Cycle records grouped by (rows in the batch, whether any row verified drafts)."""
     groups: dict[tuple[int, bool], list[dict]] = defaultdict(list)
-    records = json.loads(path.read_text())
     for r in records:
         groups[(r["rows"], r["drafted"] > 0)].append(r)
+    return groups
+
+
+def summary(path: Path) -> str:
+    records = json.loads(path.read_text())
+    groups = by_kind(records)
     total = sum(r["seconds"] for r in records)
     lines = [f"{path}: {len(records)} cycles, {total:.1f} s, {sum(r['tokens'] for r in records)} tokens"]
     for (rows, drafted), group in sorted(groups.items()):
@@ -77,9 +83,7 @@ def levels(sweep_path: Path, records: dict[str, Path]) -> str:
         for lv in (lv for lv in run["levels"] if "started" in lv):  # sweeps before session 17 have none
             start, end = lv["started"], lv["started"] + lv["wall_s"]
             inside = [r for r in cycles[run["name"]] if start <= r["at"] <= end]
-            groups: dict[tuple[int, bool], list[float]] = defaultdict(list)
-            for r in inside:
-                groups[(r["rows"], r["drafted"] > 0)].append(r["seconds"])
+            groups = {kind: [r["seconds"] for r in group] for kind, group in by_kind(inside).items()}
             spent = sum(r["seconds"] for r in inside)
             top = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:5]
             lines.append(f"{run['name']} round {run['round']} c={lv['concurrency']}: {lv['output_tokens_per_s'] or 0:.1f} tok/s, "

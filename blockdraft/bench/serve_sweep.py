@@ -135,12 +135,11 @@ def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(serving(s, port + i if port else 0, out / f"{s.name}.log"))
                 for i, s in enumerate(specs)]
-        warm: set[str] = set()
+        turn, warm = list(zip(specs, urls)), set()
         for r in range(rounds):
             current = {s.name: _run_record(s, [], r) for s in specs}
             runs += current.values()
             for i, c in enumerate(levels):
-                turn = list(zip(specs, urls))
                 for spec, url in turn if (r + i) % 2 == 0 else turn[::-1]:
                     if c in spec.concurrency:
                         current[spec.name]["levels"].append(run_level(url, prompts, c, max_tokens,
