@@ -20,12 +20,13 @@ decoding time. In a batch the verify forward is compute-bound sooner and shared:
 ragged (`FastTarget.forward(lengths=)`: a row's drafts cost only their own tokens' work), so a row that
 verifies n drafts while the others verify none is priced as c_rows(1 + n), the batch's forward where one
 row verifies 1 + n tokens and the others 1, and its rate is the batch's: (rows - 1 + E[committed]) /
-(c_rows(1 + n) + d), against a plain step's rows / c_rows(1). (Several rows drafting in one cycle are
-priced by their extra tokens together: c_rows(1 + all of them).) c_rows is a curve measured at that
-batch size when one is given (`set_batch_cost`; `BatchEngine` measures it once per device and batch size:
-the first extra token costs most, 20-40% of a step on a 2-core CPU at 8 rows, as the batch leaves the
-one-query kernels; the next ones little), else interpolated linearly in the rows between the nearest
-known sizes, else extrapolated from the single-row curve by total tokens (c(rows + n)).
+(c_rows(1 + n) + d), against a plain step's rows / c_rows(1). (Looked-up drafts of several rows are
+planned together and priced by their extra tokens together, c_rows(1 + all of them): `ngram_lengths`.)
+c_rows is a curve measured at that batch size when one is given (`set_batch_cost`; `BatchEngine` measures
+it once per device and batch size: the first extra token costs most, ~12% of a step on a 2-core CPU at 8
+rows, as the batch leaves the one-query kernels; the next ones 4-7% each), else interpolated linearly in
+the rows between the nearest known sizes, else extrapolated from the single-row curve by total tokens
+(c(rows + n)).
 
 The curve is measured once per device and cached, at one context length; every verify forward is then
 compared with it and the policy corrects it online (`observe`, `CostDrift`), so a curve measured under
@@ -37,6 +38,7 @@ n from the drawn tokens would bias sampling); at T = 0 any n gives the same gree
 """
 from __future__ import annotations
 
+import heapq
 import math
 
 import torch
@@ -48,6 +50,7 @@ PROBE_DRAFTS = 4  # a probe drafts this many slots
 # costs besides the forwards (its bookkeeping, the attention over the padded rows, the drafter's per-call
 # overhead), which one row alone never notices next to its own gains.
 BATCH_MARGIN = 0.05
+LOOKUP_TRIALS = 8  # looked-up drafts after each match length verified before the rate alone decides
 
 
 class AdaptiveVerify:
@@ -208,29 +211,59 @@ class AdaptiveVerify:
         return self.ngram_passed.get(match, self.prior[0]) / self.ngram_tested.get(match, sum(self.prior))
 
     def ngram_length(self, match: int, limit: int, rows: int = 1) -> int:
-        """How many of `limit` looked-up drafts (after a `match`-token match) to verify; 0 when drafting with
-        the drafter, or decoding plainly, is expected to commit more per second. A lookup costs no drafter
-        forward, so its rate is committed tokens over the verify alone. In a batch of `rows` it is priced as
-        the one row whose k drafts add k tokens to the ragged verify while the other rows still commit one
-        token each (rates are the batch's tokens per second, as in `_slot_plan`)."""
-        if limit <= 0:
-            return 0
-        r, reach, committed, rate = self.ngram_rate(match), 1.0, 1.0, []
+        """How many of `limit` looked-up drafts (after a `match`-token match) to verify when this row is the only
+        one of its batch of `rows` with looked-up drafts (`ngram_lengths`)."""
+        return self.ngram_lengths([(match, limit)], rows)[0]
+
+    def ngram_lengths(self, candidates: list[tuple[int, int]], rows: int = 1) -> list[int]:
+        """How many looked-up drafts each of the batch's rows with a match verifies (candidates: (match length,
+        drafts available) per such row), planned for the batch at once; all 0 when drafting with the drafter,
+        or decoding plainly, is expected to commit more per second.
+
+        A lookup costs no drafter forward, so the plan is priced by the verify alone: its E extra tokens,
+        wherever they sit, as the curve's one row verifying E drafts, c_rows(1 + E) (conservative: a lone row
+        pads the others' attention most), against the batch's expected tokens, rows + the sum of each verified
+        draft's chance of being reached and accepted (the k-th draft after a match of rate r: r^k). For any E
+        the best drafts are the E most likely ones of all rows together, so the plan takes drafts in that
+        order, up to the curve's measured N, and keeps the shortest E within `tolerance` of the best rate.
+        Planning the rows together lets them share what leaving the one-query kernels costs (~12% of a step
+        at 8 rows on a 2-core CPU, which one row's drafts rarely recover, while half the rows of a batch that
+        repeats itself recover it together). Until a match length's drafts have been tested LOOKUP_TRIALS
+        times, a cycle that plans none verifies one of them: at the prior's rate (0.5) no batch plan pays, so a
+        server that starts under load would otherwise never learn that its 3-token matches pass 85-90% of the
+        time (the default target on MT-Bench)."""
+        counts = [0] * len(candidates)
+        if self.plain_cycle(rows):
+            return counts
+        chances = heapq.nlargest(self.max_drafts, ((self.ngram_rate(m) ** k, i) for i, (m, limit) in
+                                                   enumerate(candidates) for k in range(1, limit + 1)))
+        if not chances:
+            return counts
         costs = self._costs(rows).tolist()
-        for k in range(1, min(limit, self.max_drafts) + 1):
-            reach *= r
-            committed += reach
-            rate.append((rows - 1 + committed) / costs[k])
+        expected, rate = float(rows), []
+        for extra, (chance, _) in enumerate(chances, 1):
+            expected += chance
+            rate.append(expected / costs[extra])
         history, plain, _ = self._slot_plan(rows)
-        k = self._shortest_near_best(rate) + 1
-        pays = rate[k - 1] > max(self._bar(plain, rows), max(history[:limit]))
-        return k if pays and not self.plain_cycle(rows) else 0
+        longest = max(min(limit, self.max_drafts) for _, limit in candidates)
+        extra = self._shortest_near_best(rate) + 1
+        if rate[extra - 1] > max(self._bar(plain, rows), max(history[:longest], default=0.0)):
+            for _, i in chances[:extra]:
+                counts[i] += 1
+        else:  # a match length tested too few times to judge has one draft verified: its rate starts at the prior
+            unknown = next((i for i, (m, _) in enumerate(candidates)
+                            if self.ngram_tested.get(m, sum(self.prior)) < sum(self.prior) + LOOKUP_TRIALS), None)
+            if unknown is not None:
+                counts[unknown] = 1
+        return counts
 
     def cycle_done(self, rows: int, speculative: bool, committed: int, seconds: float) -> None:
         """Count a whole batch cycle of `rows` rows: whether any row verified drafts, the tokens all rows
         committed and its seconds, drafting and bookkeeping included (`plain_cycle`)."""
         if rows > 1 and seconds > 0:
-            self.outcomes.setdefault(rows, CycleOutcomes()).add(speculative, committed, seconds)
+            if rows not in self.outcomes:
+                self.outcomes[rows] = CycleOutcomes()
+            self.outcomes[rows].add(speculative, committed, seconds)
 
     def plain_cycle(self, rows: int) -> bool:
         """True when this batch size's next cycle decodes plainly whatever the rates say: when its recent

@@ -199,7 +199,7 @@ class SpeculativeEngine:
         """`propose` for several requests: each runs its own drafter layers, and the drafted slots of all of
         them go through the LM head in one matmul (the head is most of a drafter call's weight traffic)."""
         rows = len(seqs) if rows is None else rows
-        looked = [self._lookup(s, rows) for s in seqs]
+        looked = self._lookups(seqs, rows)
         lengths = [0 if p is not None else self._draft_length(s, rows) for s, p in zip(seqs, looked)]
         before = [s.stats.drafter_time for s in seqs]
         drafting = [(s, n) for s, n in zip(seqs, lengths) if n > 0]
@@ -221,18 +221,24 @@ class SpeculativeEngine:
         n = self._limit(seq)
         return seq.policy.draft_length(n, rows) if seq.policy is not None and n > 0 else n
 
-    def _lookup(self, seq: DecodeState, rows: int) -> Proposal | None:
-        """Drafts looked up in the committed context (`blockdraft.decoding.lookup`), when there is a match and (with an
-        adaptive policy) verifying them should commit more per second than the drafter or a plain step;
-        without a policy any match is used. Verified as a deterministic proposal (q = one-hot)."""
+    def _lookups(self, seqs: list[DecodeState], rows: int) -> list[Proposal | None]:
+        """Drafts looked up in each request's committed context (`blockdraft.decoding.lookup`), where there is a
+        match and (with the adaptive policy, planned for the rows together: `AdaptiveVerify.ngram_lengths`)
+        verifying them should commit more per second than the drafter or a plain step; without a policy any
+        match is used. Verified as deterministic proposals (q = one-hot)."""
+        found = [self._lookup(s) for s in seqs]
+        planned = [i for i, (s, (_, match)) in enumerate(zip(seqs, found)) if match and s.policy is not None]
+        if planned:
+            counts = seqs[planned[0]].policy.ngram_lengths([(found[i][1], len(found[i][0])) for i in planned], rows)
+            for i, k in zip(planned, counts):
+                found[i] = (found[i][0][:k], found[i][1])
+        return [self._looked_up(s, drafts, match) if drafts else None for s, (drafts, match) in zip(seqs, found)]
+
+    def _lookup(self, seq: DecodeState) -> tuple[list[int], int]:
         limit = self._limit(seq)
-        if seq.ngram is None or limit <= 0:
-            return None
-        drafts, match = seq.ngram.lookup(limit)
-        if seq.policy is not None and match:
-            drafts = drafts[: seq.policy.ngram_length(match, limit, rows)]
-        if not drafts:
-            return None
+        return seq.ngram.lookup(limit) if seq.ngram is not None and limit > 0 else ([], 0)
+
+    def _looked_up(self, seq: DecodeState, drafts: list[int], match: int) -> Proposal:
         ids = torch.tensor(drafts, device=self.target.device)
         q = None if seq.gen is None else one_hot(ids, self.output_size, torch.float32)
         return Proposal(ids, q, None, 0.0, source=match)

@@ -5,7 +5,8 @@ whole loops. Simulated on the default target's 105 held-out greedy answers (`dat
 up to 15 looked-up tokens commit 8.0 tokens per verify after a 3-token match, 3.6 after a 2-token match
 and 1.8 after a 1-token match, against ~1.6 for the shipped DFlash drafter. The engine uses these drafts
 next to the drafter's (`DecodeOptions(ngram=True)`): they cost no drafter forward, and the adaptive
-policy learns how often each match length is right (`AdaptiveVerify.ngram_rates`).
+policy learns how often each match length is right and plans a batch's lookups together
+(`AdaptiveVerify.ngram_rate`, `AdaptiveVerify.ngram_lengths`).
 
 Lossless like any draft: a lookup is a function of the committed tokens only, so verifying it as a
 deterministic proposal (q = one-hot) keeps greedy output and the sampled distribution exactly the target's.

@@ -244,6 +244,42 @@ def test_a_lookup_in_a_batch_pays_for_its_own_tokens_in_the_ragged_verify():
     assert policy.ngram_length(3, 7, rows=8) == 0
 
 
+def test_rows_with_lookups_are_planned_together_and_share_the_first_extra_tokens_cost():
+    policy = AdaptiveVerify({q: 1.0 for q in range(1, 17)})
+    # 8 rows: the first extra token costs 20% of a step (the batch leaves the one-query kernels), each further
+    # one 3% (compute-bound, but cheaper than a row's share, 12.5%)
+    policy.set_batch_cost(8, {q: 1.0 + (0.0 if q == 1 else 0.17 + 0.03 * (q - 1)) for q in range(1, 17)})
+    for _ in range(20):
+        policy.update_ngram(3, 1, 1)  # 3-token matches: every looked-up draft passes
+        policy.update_ngram(1, 1, 0)  # 1-token matches: none does
+    rate = policy.ngram_rate(3)
+    assert rate > 0.95 and policy.ngram_rate(1) < 0.1
+    assert policy.ngram_length(3, 1, rows=8) == 0  # alone: 1 + 0.95 tokens for 0.2 of a step, < 8 * 1.05 / 1
+    # four rows' sure drafts together: 12 + 4 chances for 1.29 steps; each row's second draft adds more
+    counts = policy.ngram_lengths([(3, 2), (1, 2), (3, 2), (3, 2), (3, 2)], rows=8)
+    assert counts[1] == 0 and sorted(counts) == [0, 2, 2, 2, 2]
+    # the most likely drafts go first: a row's third draft (0.95^3) before another row's first (2-token
+    # matches: 1 pass in 3 tests), which adds less than the 1% tolerance
+    policy.update_ngram(2, 1, 0)
+    assert policy.ngram_lengths([(3, 3), (2, 3)], rows=8) == [3, 0]
+
+
+def test_a_match_length_never_tested_gets_one_draft_verified_until_it_has_been_tried():
+    from blockdraft.decoding.adaptive import LOOKUP_TRIALS
+
+    policy = AdaptiveVerify({q: 1.0 for q in range(1, 9)})
+    policy.set_batch_cost(8, {q: 1.0 + 0.2 * (q > 1) + 0.1 * (q - 1) for q in range(1, 9)})
+    tried = 0
+    while policy.ngram_lengths([(1, 4), (3, 4)], rows=8) == [1, 0]:  # at the prior's 0.5 no plan pays
+        policy.update_ngram(1, 1, 0)
+        tried += 1
+    assert tried == LOOKUP_TRIALS
+    assert policy.ngram_lengths([(1, 4), (3, 4)], rows=8) == [0, 1]  # then the next untried length
+    for _ in range(LOOKUP_TRIALS):
+        policy.update_ngram(3, 1, 0)
+    assert policy.ngram_lengths([(1, 4), (3, 4)], rows=8) == [0, 0]  # both known to fail: plain
+
+
 def test_in_a_batch_speculation_must_beat_plain_by_a_margin():
     policy = AdaptiveVerify({1: 1.0, 2: 1.0})
     for _ in range(50):

@@ -103,6 +103,43 @@ def test_scattered_rows_verifying_several_tokens_equal_each_row_alone(arch):
         assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
 
 
+def test_extra_queries_attend_apart_when_padding_every_row_would_cost_more():
+    from blockdraft.modeling.fast_target import _extra_queries
+
+    one_run = [(0, 6, 0)]
+    # one row verifying 5 tokens next to five verifying 1: padding would give each of them 4 more queries
+    assert _extra_queries([1, 1, 5, 1, 1, 1], one_run, 5) == [(2, 3, 2, 5)]
+    # stretches of consecutive long rows go together, in the cache rows their run starts at
+    assert _extra_queries([1, 4, 3, 1, 1, 1, 2, 2], [(0, 5, 0), (5, 8, 9)], 4) == [(1, 3, 1, 4), (6, 8, 10, 2)]
+    assert _extra_queries([2, 2, 1], [(0, 3, 0)], 2) is None  # most rows have two: padding is cheaper
+    assert _extra_queries([1, 4, 1, 4, 1, 4], one_run, 4) is None  # three calls of one row each cost more
+    assert _extra_queries([1, 1, 1], [(0, 3, 0)], 1) is None
+
+
+def test_rows_whose_further_queries_attend_apart_equal_each_row_alone(arch, monkeypatch):
+    """Scattered rows, one of them verifying 5 tokens and the others 1 or 2: every row's first query attends
+    with the others, the longer rows' further queries apart (no padding), and each row's logits equal that
+    row alone."""
+    import blockdraft.modeling.fast_target as ft
+
+    fast = FastTarget(tiny_hf_model(arch, layers=2))
+    prompts = [torch.randint(0, 96, (1, n)) for n in (5, 9, 7, 6, 8, 4, 3, 10)]
+    cache = fast.new_cache(rows=8)
+    for r, p in enumerate(prompts):
+        fast.forward(p, cache, 0, rows=[r], features=False)
+    rows, lengths = [0, 1, 2, 4, 5, 6, 7], [1, 1, 5, 1, 1, 1, 2]
+    plans = []
+    plan = ft._extra_queries
+    monkeypatch.setattr(ft, "_extra_queries", lambda *a: plans.append(plan(*a)) or plans[-1])
+    step = torch.randint(0, 96, (7, 5))
+    starts = [prompts[r].shape[1] for r in rows]
+    logits, _ = fast.forward(step, cache, starts, features=False, rows=rows, lengths=lengths)
+    assert plans == [[(2, 3, 2, 5), (6, 7, 7, 2)]]
+    for r, n, lg, ids in zip(rows, lengths, logits.split(lengths), step):
+        solo, _ = fast.forward(torch.cat([prompts[r], ids[None, :n]], 1), fast.new_cache(), 0, features=False)
+        assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
+
+
 def test_a_ragged_batch_equals_each_row_alone_and_runs_only_its_real_tokens(arch, monkeypatch):
     """lengths=: rows verify different numbers of tokens; each row's real tokens give its solo logits and
     features (flat, rows one after another), the rest of its cache is untouched, and the projections see
