@@ -51,6 +51,7 @@ PROBE_DRAFTS = 4  # a probe drafts this many slots
 # overhead), which one row alone never notices next to its own gains.
 BATCH_MARGIN = 0.05
 LOOKUP_TRIALS = 8  # looked-up drafts after each match length verified before the rate alone decides
+DRAFTER, LOOKUP = "drafter", "lookup"  # kinds of speculative cycle (`CycleOutcomes`); None: a plain one
 
 
 class AdaptiveVerify:
@@ -176,10 +177,12 @@ class AdaptiveVerify:
         (see `_rate`) against a plain step's (a batch's plain step is already compute-bound, drafts are not free)."""
         if limit <= 0:
             return 0
+        if self.plain_cycle(rows, DRAFTER):  # measured to lose at this batch size: no probes either
+            return 0
         history, plain, spacing = self._slot_plan(rows)
         history = history[:limit]  # n = 1..limit
         best = self._shortest_near_best(history) + 1
-        if history[best - 1] >= self._bar(plain, rows) and not self.plain_cycle(rows):  # beats a plain step
+        if history[best - 1] >= self._bar(plain, rows):  # beats a plain step
             self.skipped, self.interval = 0, self.probe_every
             return best
         self.skipped += 1 / rows  # counted in cycles: every row of a batch asks once per cycle
@@ -233,7 +236,7 @@ class AdaptiveVerify:
         server that starts under load would otherwise never learn that its 3-token matches pass 85-90% of the
         time (the default target on MT-Bench)."""
         counts = [0] * len(candidates)
-        if self.plain_cycle(rows):
+        if self.plain_cycle(rows, LOOKUP):
             return counts
         chances = heapq.nlargest(self.max_drafts, ((self.ngram_rate(m) ** k, i) for i, (m, limit) in
                                                    enumerate(candidates) for k in range(1, limit + 1)))
@@ -257,24 +260,26 @@ class AdaptiveVerify:
                 counts[unknown] = 1
         return counts
 
-    def cycle_done(self, rows: int, speculative: bool, committed: int, seconds: float) -> None:
-        """Count a whole batch cycle of `rows` rows: whether any row verified drafts, the tokens all rows
-        committed and its seconds, drafting and bookkeeping included (`plain_cycle`)."""
+    def cycle_done(self, rows: int, kind: str | None, committed: int, seconds: float) -> None:
+        """Count a whole batch cycle of `rows` rows: its kind (DRAFTER when any row ran the drafter, LOOKUP when
+        rows verified looked-up drafts only, None when plain), the tokens all rows committed and its seconds,
+        drafting and bookkeeping included (`plain_cycle`)."""
         if rows > 1 and seconds > 0:
             if rows not in self.outcomes:
                 self.outcomes[rows] = CycleOutcomes()
-            self.outcomes[rows].add(speculative, committed, seconds)
+            self.outcomes[rows].add(kind, committed, seconds)
 
-    def plain_cycle(self, rows: int) -> bool:
-        """True when this batch size's next cycle decodes plainly whatever the rates say: when its recent
-        cycles in which rows verified drafts committed fewer tokens per second than those in which none did,
+    def plain_cycle(self, rows: int, kind: str) -> bool:
+        """True when this batch size's next cycle does without drafts of `kind` (DRAFTER or LOOKUP) whatever the
+        rates say: when its recent cycles with such drafts committed fewer tokens per second than plain ones,
         or when no plain cycle has run for a while (one in `CycleOutcomes.explore` keeps that comparison
         current). The rates above are a model (a cost curve, an acceptance estimate); in a batch, where
         speculation wins or loses by a few percent, a model error of that size decides, so what whole cycles
-        really took settles it. A losing batch size still probes, and the probes keep measuring. One row
-        alone never needs this (it gains 1.5-2x, or the model already decodes plainly)."""
+        really took settles it. A losing kind does not even probe at that batch size until its verdict fades
+        (`CycleOutcomes`), then runs as the model plans and is judged again. One row alone never needs this (it
+        gains 1.5-2x, or the model already decodes plainly)."""
         outcome = self.outcomes.get(rows)
-        return outcome is not None and outcome.plain_cycle()
+        return outcome is not None and outcome.plain_cycle(kind)
 
     @staticmethod
     def _bar(plain: float, rows: int) -> float:
@@ -309,25 +314,40 @@ class AdaptiveVerify:
 
 
 class CycleOutcomes:
-    """Decayed tokens and seconds of a batch size's recent cycles, with drafts and without; each cycle counts
-    `decay` less per later one of its kind (~1 / (1 - decay) are remembered). A verdict needs `least`
-    (decayed) cycles of each kind; after `explore` cycles without a plain one, the next is plain."""
+    """Decayed tokens and seconds of a batch size's recent cycles of each kind: plain (None), with the drafter's
+    drafts (DRAFTER) and with looked-up drafts only (LOOKUP), so that one kind's losses do not stop the other.
 
-    def __init__(self, decay: float = 0.98, least: float = 4.0, explore: int = 16) -> None:
-        self.decay, self.least, self.explore = decay, least, explore
-        self.sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # kind -> [cycles, tokens, seconds]
+    A cycle counts `decay` less per later cycle of its own kind (~1 / (1 - decay) are remembered) and `forget`
+    less per later cycle of another kind, so a kind that stopped running because it lost fades below `least`
+    cycles after ~log(2) / (1 - forget) cycles of the others; then one cycle as the model plans it brings it back
+    above `least` and the verdict is taken again with it. A kind that keeps losing so costs about one cycle in
+    140, and one that lost by a bad start (a burst of failed lookups at 2 rows locked the drafter out for good
+    in session 19's runs) gets another chance. A verdict needs `least` (decayed) cycles of the kind and of plain
+    ones; after `explore` speculative cycles without a plain one, the next is plain."""
+
+    def __init__(self, decay: float = 0.98, forget: float = 0.995, least: float = 4.0, explore: int = 16) -> None:
+        self.decay, self.forget, self.least, self.explore = decay, forget, least, explore
+        # kind -> [cycles, tokens, seconds]
+        self.sums: dict[str | None, list[float]] = {k: [0.0, 0.0, 0.0] for k in (None, DRAFTER, LOOKUP)}
         self.since_plain = 0
 
-    def add(self, speculative: bool, committed: int, seconds: float) -> None:
-        kept = self.sums[speculative]
-        self.sums[speculative] = [kept[0] * self.decay + 1, kept[1] * self.decay + committed,
-                                  kept[2] * self.decay + seconds]
-        self.since_plain = self.since_plain + 1 if speculative else 0
+    def add(self, kind: str | None, committed: int, seconds: float) -> None:
+        if kind not in self.sums:
+            raise InvalidArgumentError(f"cycle kind {kind!r}: expected one of {list(self.sums)}")
+        for k, kept in self.sums.items():
+            keep = self.decay if k == kind else self.forget
+            kept[:] = [x * keep for x in kept]
+        own = self.sums[kind]
+        own[0], own[1], own[2] = own[0] + 1, own[1] + committed, own[2] + seconds
+        self.since_plain = 0 if kind is None else self.since_plain + 1
 
-    def plain_cycle(self) -> bool:
-        (n_s, tok_s, sec_s), (n_p, tok_p, sec_p) = self.sums[True], self.sums[False]
-        losing = min(n_s, n_p) >= self.least and tok_s * sec_p < tok_p * sec_s
-        return losing or self.since_plain >= self.explore
+    def losing(self, kind: str) -> bool:
+        """Whether this kind's cycles committed fewer tokens per second than plain ones (with enough of both)."""
+        (n_s, tok_s, sec_s), (n_p, tok_p, sec_p) = self.sums[kind], self.sums[None]
+        return min(n_s, n_p) >= self.least and tok_s * sec_p < tok_p * sec_s
+
+    def plain_cycle(self, kind: str) -> bool:
+        return self.since_plain >= self.explore or self.losing(kind)
 
 
 class CostDrift:

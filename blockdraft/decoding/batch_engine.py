@@ -21,7 +21,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from blockdraft.decoding.engine import DecodeOptions, DecodeState, SpeculativeEngine
+from blockdraft.decoding.adaptive import DRAFTER, LOOKUP
+from blockdraft.decoding.engine import DecodeOptions, DecodeState, Proposal, SpeculativeEngine
 from blockdraft.decoding.stats import GenerationStats, now
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.fast_target import FastTarget
@@ -112,9 +113,18 @@ class Batch:
         for s in states:
             s.stats.decode_time += elapsed
         if engine.policy is not None and any(s.policy is not None for s in states):
-            engine.policy.cycle_done(len(active), sum(lengths) > len(active), sum(map(len, committed.values())),
-                                     elapsed)
+            # projecting context committed in earlier cycles is not this cycle's cost (see `_draft_hidden`)
+            engine.policy.cycle_done(len(active), _kind(props), sum(map(len, committed.values())),
+                                     elapsed - sum(p.context_s for p in props))
         return committed
+
+
+def _kind(props: list[Proposal]) -> str | None:
+    """What a cycle speculated with (`CycleOutcomes`): the drafter when any row ran it (its probes too, verified
+    or not), else looked-up drafts when any row has some, else nothing (None)."""
+    if any(p.confidence is not None for p in props):
+        return DRAFTER
+    return LOOKUP if any(p.drafts.numel() for p in props) else None
 
 
 class BatchEngine:

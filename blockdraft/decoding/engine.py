@@ -65,6 +65,7 @@ class Proposal:
     confidence: torch.Tensor | None         # (N,) drafter confidence of every drafted slot
     drafter_s: float                        # this cycle's drafting, without the context projection (see below)
     source: int = 0                         # 0: the drafter; n > 0: looked up after an n-token match
+    context_s: float = 0.0                  # this request's share of projecting committed context (`_draft_hidden`)
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,7 @@ class SpeculativeEngine:
             drafts = ids[drafts]
         confidence = torch.softmax(logits.float(), dim=-1).amax(-1)
         seq.stats.drafter_time += head_s + now(self.target.device) - t0
-        prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent - context_s)
+        prop = Proposal(drafts, q, confidence, seq.stats.drafter_time - spent - context_s, context_s=context_s)
         if seq.policy is not None:
             keep = seq.policy.choose(confidence, rows)
             prop.drafts, prop.q = drafts[:keep], None if q is None else q[:keep]

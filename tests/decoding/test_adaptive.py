@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.decoding.adaptive import PROBE_DRAFTS, AdaptiveVerify
+from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, PROBE_DRAFTS, AdaptiveVerify, CycleOutcomes
 from blockdraft.decoding.engine import SpeculativeEngine
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
@@ -378,24 +378,58 @@ def _paying_batch_policy() -> AdaptiveVerify:
 def test_a_batch_size_whose_speculative_cycles_commit_less_per_second_decodes_plainly():
     policy = _paying_batch_policy()
     assert policy.ngram_length(3, 7, rows=8) == 7
-    for _ in range(10):  # measured: cycles with drafts commit 12 tokens in 1.5 s, plain ones 8 in 0.9 s
-        policy.cycle_done(8, True, 12, 1.5)
-        policy.cycle_done(8, False, 8, 0.9)
-    assert policy.plain_cycle(8) and policy.ngram_length(3, 7, rows=8) == 0
+    for _ in range(10):  # measured: cycles with lookups commit 12 tokens in 1.5 s, plain ones 8 in 0.9 s
+        policy.cycle_done(8, LOOKUP, 12, 1.5)
+        policy.cycle_done(8, None, 8, 0.9)
+    assert policy.plain_cycle(8, LOOKUP) and policy.ngram_length(3, 7, rows=8) == 0
+    assert not policy.plain_cycle(8, DRAFTER)  # the drafter has its own verdict: lookups losing do not stop it
     assert policy.ngram_length(3, 7, rows=4) == 7  # another batch size keeps its own verdict
     for _ in range(200):  # the drafts start to pay (say the requests now repeat themselves more)
-        policy.cycle_done(8, True, 16, 1.2)
-    policy.cycle_done(8, False, 8, 0.9)
-    assert not policy.plain_cycle(8) and policy.ngram_length(3, 7, rows=8) == 7
-    policy.cycle_done(1, True, 1, 1.0)  # one row alone is left to the model
+        policy.cycle_done(8, LOOKUP, 16, 1.2)
+    policy.cycle_done(8, None, 8, 0.9)
+    assert not policy.plain_cycle(8, LOOKUP) and policy.ngram_length(3, 7, rows=8) == 7
+    policy.cycle_done(1, LOOKUP, 1, 1.0)  # one row alone is left to the model
     assert 1 not in policy.outcomes
+
+
+def test_a_kind_that_lost_is_tried_again_once_its_cycles_fade():
+    outcomes = CycleOutcomes()
+    for _ in range(6):  # a bad start: the drafter's cycles commit 2 tokens in 0.1 s, plain ones 2 in 0.07 s
+        outcomes.add(DRAFTER, 2, 0.1)
+        outcomes.add(None, 2, 0.07)
+    assert outcomes.plain_cycle(DRAFTER) and not outcomes.plain_cycle(LOOKUP)
+    plain = trials = 0
+    while outcomes.plain_cycle(DRAFTER):  # plain cycles until the old verdict fades, then one drafting cycle
+        outcomes.add(None, 2, 0.07)
+        plain += 1
+        if not outcomes.plain_cycle(DRAFTER):  # tried again: drafting now pays, 3 tokens in 0.08 s
+            outcomes.add(DRAFTER, 3, 0.08)
+            trials += 1
+        assert plain < 400
+    assert plain > 60 and 1 < trials < 8  # each trial a few dozen plain cycles apart, and few trials to recover
+    assert not outcomes.losing(DRAFTER)
+    with pytest.raises(InvalidArgumentError, match="'sampled'"):
+        outcomes.add("sampled", 1, 0.1)
+
+
+def test_a_batch_size_where_the_drafter_lost_does_not_probe_until_the_verdict_fades():
+    policy = AdaptiveVerify(STEEP, probe_every=2, probe_budget=10.0)  # nothing pays: only probes would draft
+    assert any(policy.draft_length(15, rows=2) for _ in range(8))  # probes, one row of a 2-row batch at a time
+    for _ in range(6):  # measured: the drafter's cycles at 2 rows commit less per second than plain ones
+        policy.cycle_done(2, DRAFTER, 3, 0.2)
+        policy.cycle_done(2, None, 2, 0.1)
+    assert not any(policy.draft_length(15, rows=2) for _ in range(40))
+    assert any(policy.draft_length(15, rows=1) for _ in range(40))  # one row alone still probes
+    for _ in range(100):
+        policy.cycle_done(2, None, 2, 0.1)
+    assert any(policy.draft_length(15, rows=2) for _ in range(40))  # faded: probing again
 
 
 def test_a_batch_that_always_drafts_still_runs_a_plain_cycle_to_compare_with():
     policy = _paying_batch_policy()
     plain = []
     for _ in range(40):
-        skip = policy.plain_cycle(8)
+        skip = policy.plain_cycle(8, LOOKUP)
         plain.append(skip)
-        policy.cycle_done(8, not skip, 8 if skip else 14, 1.0)  # drafting pays: 14 tokens a cycle, not 8
+        policy.cycle_done(8, None if skip else LOOKUP, 8 if skip else 14, 1.0)  # drafting pays: 14 tokens, not 8
     assert plain.count(True) == 2 and plain[16] and plain[33]  # one in 17: after 16 speculative cycles
