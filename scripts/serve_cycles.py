@@ -5,12 +5,13 @@
     python scripts/serve_cycles.py --levels SWEEP.json NAME=OUT.json [NAME2=OUT2.json ...]
 
 The first form runs `blockdraft serve` with the arguments after OUT.json and, when the server stops, writes
-one record per decode cycle: when it ended (epoch seconds), rows in the batch, rows that verified drafts, tokens committed, seconds, and
-whether the rows were contiguous in the cache. Use it as a `serve_sweep` server command
+one record per decode cycle: when it ended (epoch seconds), rows in the batch, rows that verified drafts and
+how many of them looked-up ones, tokens committed, seconds, and whether the rows were contiguous in the cache;
+and, next to it (OUT.policy.json), what the adaptive policy measured per batch size (`policy_state`). Use it as a `serve_sweep` server command
 (`--server 'dflash=.venv/bin/python scripts/serve_cycles.py /tmp/dflash-{port}.json serve --port {port}'`).
-The second form prints, per file, each (rows, drafted) group's cycles, median seconds and tokens per second;
+The second form prints, per file, each (rows, kind: drafter / lookups / plain) group's cycles, median seconds and tokens per second;
 the third, per level of a sweep (`serve_sweep`'s sweep.json, servers named as there), the cycles its server ran
-while the level did, the time outside them, and the costliest (rows, D: drafting / p: plain) groups.
+while the level did, the time outside them, and the costliest (rows, D: drafter / L: lookups only / p: plain) groups.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, AdaptiveVerify
 from blockdraft.decoding.batch_engine import Batch
 from blockdraft.files import atomic_path
 
@@ -29,16 +31,20 @@ from blockdraft.files import atomic_path
 def record_cycles(out: Path) -> None:
     """Wrap `Batch.cycle` to time each cycle; the records go to `out` when the process exits."""
     records: list[dict] = []
+    policies: list[AdaptiveVerify] = []
     cycle = Batch.cycle
 
     def timed(self: Batch, active: list[int] | None = None) -> dict[int, list[int]]:
         active = self.decoding_rows() if active is None else active
         states = [self.states[r] for r in active]
         before = [len(s.stats.sources) for s in states]
+        if self.engine.policy is not None and self.engine.policy not in policies:
+            policies.append(self.engine.policy)
         start = time.perf_counter()
         committed = cycle(self, active)
+        sources = [s.stats.sources[-1] for s, n in zip(states, before) if len(s.stats.sources) > n]
         records.append({"at": round(time.time(), 3), "rows": len(active), "seconds": time.perf_counter() - start,
-                        "drafted": sum(len(s.stats.sources) > n for s, n in zip(states, before)),
+                        "drafted": len(sources), "looked_up": sum(1 for x in sources if x),
                         "tokens": sum(map(len, committed.values())),
                         "contiguous": active == list(range(len(active)))})
         return committed
@@ -47,16 +53,36 @@ def record_cycles(out: Path) -> None:
         earlier = json.loads(out.read_text()) if out.exists() else []
         with atomic_path(out) as tmp:
             tmp.write_text(json.dumps(earlier + records))
+        if policies:  # what the adaptive policy measured per batch size, for `--summary`
+            with atomic_path(out.with_suffix(".policy.json")) as tmp:
+                tmp.write_text(json.dumps(policy_state(policies[-1])))
 
     Batch.cycle = timed
     atexit.register(save)
 
 
-def by_kind(records: list[dict]) -> dict[tuple[int, bool], list[dict]]:
-    """Cycle records grouped by (rows in the batch, whether any row verified drafts)."""
-    groups: dict[tuple[int, bool], list[dict]] = defaultdict(list)
+def policy_state(policy: AdaptiveVerify) -> dict:
+    """Per batch size, the decayed [cycles, tokens, seconds] of each kind of cycle (`CycleOutcomes`) and which
+    kinds it now decodes without; the looked-up drafts' acceptance per match length."""
+    return {"outcomes": {rows: {"plain" if k is None else k: [round(x, 3) for x in v] for k, v in o.sums.items()}
+                         | {"without": [k for k in (DRAFTER, LOOKUP) if o.plain_cycle(k)]}
+                         for rows, o in sorted(policy.outcomes.items())},
+            "ngram_rates": {m: round(policy.ngram_rate(m), 3) for m in sorted(policy.ngram_tested)}}
+
+
+def kind(record: dict) -> str:
+    """D: a row verified the drafter's drafts, L: looked-up drafts only, p: plain (records before session 20
+    do not tell lookups apart: D for any drafts)."""
+    if not record["drafted"]:
+        return "p"
+    return "L" if record.get("looked_up", 0) == record["drafted"] else "D"
+
+
+def by_kind(records: list[dict]) -> dict[tuple[int, str], list[dict]]:
+    """Cycle records grouped by (rows in the batch, `kind`)."""
+    groups: dict[tuple[int, str], list[dict]] = defaultdict(list)
     for r in records:
-        groups[(r["rows"], r["drafted"] > 0)].append(r)
+        groups[(r["rows"], kind(r))].append(r)
     return groups
 
 
@@ -65,9 +91,10 @@ def summary(path: Path) -> str:
     groups = by_kind(records)
     total = sum(r["seconds"] for r in records)
     lines = [f"{path}: {len(records)} cycles, {total:.1f} s, {sum(r['tokens'] for r in records)} tokens"]
-    for (rows, drafted), group in sorted(groups.items()):
+    names = {"D": "drafter ", "L": "lookups ", "p": "plain   "}
+    for (rows, k), group in sorted(groups.items()):
         seconds = sum(r["seconds"] for r in group)
-        lines.append(f"  {rows:3d} rows {'drafting' if drafted else 'plain   '}: {len(group):5d} cycles, median "
+        lines.append(f"  {rows:3d} rows {names[k]}: {len(group):5d} cycles, median "
                      f"{statistics.median(r['seconds'] for r in group) * 1000:6.1f} ms, "
                      f"{sum(r['tokens'] for r in group) / seconds:6.1f} tok/s")
     return "\n".join(lines)
@@ -88,8 +115,7 @@ def levels(sweep_path: Path, records: dict[str, Path]) -> str:
             top = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:5]
             lines.append(f"{run['name']} round {run['round']} c={lv['concurrency']}: {lv['output_tokens_per_s'] or 0:.1f} tok/s, "
                          f"{lv['wall_s']:.1f} s, {len(inside)} cycles {spent:.1f} s, outside them {lv['wall_s'] - spent:.1f} s | "
-                         + " ".join(f"{rows}{'D' if drafted else 'p'} {len(v)}x{statistics.median(v) * 1000:.0f}ms"
-                                    for (rows, drafted), v in top))
+                         + " ".join(f"{rows}{k} {len(v)}x{statistics.median(v) * 1000:.0f}ms" for (rows, k), v in top))
     return "\n".join(lines)
 
 

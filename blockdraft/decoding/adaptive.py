@@ -16,9 +16,9 @@ cycles) decides how many slots to draft at all: the drafter's cost is only worth
 be verified, and when no draft length beats plain decoding (1 / c(1)) the cycle decodes plainly, drafting
 only every `probe_every` cycles (a few slots) to keep learning; the interval doubles, up to 4x, while
 probes do not pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain
-decoding time. In a batch the verify forward is compute-bound sooner and shared: the batch's verify is
-ragged (`FastTarget.forward(lengths=)`: a row's drafts cost only their own tokens' work), so a row that
-verifies n drafts while the others verify none is priced as c_rows(1 + n), the batch's forward where one
+decoding time of the probed row (in a batch: its share of the batch's). In a batch the verify forward is
+compute-bound sooner and shared: the batch's verify is ragged (`FastTarget.forward(lengths=)`: a row's
+drafts cost only their own tokens' work), so a row that verifies n drafts while the others verify none is priced as c_rows(1 + n), the batch's forward where one
 row verifies 1 + n tokens and the others 1, and its rate is the batch's: (rows - 1 + E[committed]) /
 (c_rows(1 + n) + d), against a plain step's rows / c_rows(1). (Looked-up drafts of several rows are
 planned together and priced by their extra tokens together, c_rows(1 + all of them): `ngram_lengths`.)
@@ -202,11 +202,15 @@ class AdaptiveVerify:
         return self._plan[rows]
 
     def _probe_spacing(self, rows: int) -> float:
-        """Fewest plain cycles between probes for them to cost at most `probe_budget` of the decoding time:
-        a probe pays the drafter and its drafts' tokens in the (ragged) verify."""
+        """Fewest plain cycles between probes for them to cost at most `probe_budget` of the probed row's share
+        of the decoding time (a batch's plain step over its rows): a probe pays the drafter and its drafts'
+        tokens in the (ragged) verify. Per row, not per batch: the slot history a probe refreshes is shared by
+        every batch size, the small ones draft anyway, and a probe costs a batch far more than it costs one
+        row alone (the verify is compute-bound, and the row's features since it last drafted are projected
+        first). At 16 rows a 1%-of-the-batch budget cost the servers about 1% under load (session 20)."""
         plain = self.forward_cost(rows, 1)
         extra = self.forward_cost(rows, 1 + PROBE_DRAFTS) - plain + self.drafter_s
-        return max(0.0, extra) / (self.probe_budget * plain)
+        return max(0.0, extra) * rows / (self.probe_budget * plain)
 
     def ngram_rate(self, match: int) -> float:
         """Estimated probability that a looked-up draft after a `match`-token match passes, given the earlier

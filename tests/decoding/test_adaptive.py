@@ -196,12 +196,13 @@ def test_probes_are_spaced_to_cost_at_most_the_budget():
     policy.set_batch_cost(4, batch)
     for _ in range(100):
         policy.update(torch.full((7,), 0.5), verified=7, accepted=0, drafter_s=0.5)
-    # per probe: one row verifies its 4 drafts, c_4(5) - c_4(1) = 4.0, + drafter 0.5 = 4.5 = 5% of 90 plain steps
-    assert policy._probe_spacing(4) == pytest.approx(90.0)
+    # per probe: one row verifies its 4 drafts, c_4(5) - c_4(1) = 4.0, + drafter 0.5 = 4.5 = 5% of the probed
+    # row's share of 360 plain steps (a quarter of each)
+    assert policy._probe_spacing(4) == pytest.approx(360.0)
     cycles = 0
     while policy.draft_length(7, rows=4) == 0:
         cycles += 1 / 4
-    assert cycles == pytest.approx(90.0, abs=0.25)
+    assert cycles == pytest.approx(360.0, abs=0.25)
     # one row: a 4-draft verify costs one step, so only the drafter counts: 0.5 / (0.05 * 1.0) = 10 cycles
     assert policy._probe_spacing(1) == pytest.approx(10.0)
 
