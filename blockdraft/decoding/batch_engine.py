@@ -114,12 +114,12 @@ class Batch:
             s.stats.decode_time += elapsed
         if engine.policy is not None and any(s.policy is not None for s in states):
             # projecting context committed in earlier cycles is not this cycle's cost (see `_draft_hidden`)
-            engine.policy.cycle_done(len(active), _kind(props), sum(map(len, committed.values())),
+            engine.policy.cycle_done(len(active), cycle_kind(props), sum(map(len, committed.values())),
                                      elapsed - sum(p.context_s for p in props))
         return committed
 
 
-def _kind(props: list[Proposal]) -> str | None:
+def cycle_kind(props: list[Proposal]) -> str | None:
     """What a cycle speculated with (`CycleOutcomes`): the drafter when any row ran it (its probes too, verified
     or not), else looked-up drafts when any row has some, else nothing (None)."""
     if any(p.confidence is not None for p in props):

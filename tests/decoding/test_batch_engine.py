@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.decoding.adaptive import AdaptiveVerify
-from blockdraft.decoding.batch_engine import BatchEngine
-from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, AdaptiveVerify
+from blockdraft.decoding.batch_engine import BatchEngine, cycle_kind
+from blockdraft.decoding.engine import DecodeOptions, Proposal, SpeculativeEngine
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
@@ -112,3 +112,15 @@ def test_rows_with_looked_up_drafts_decode_what_they_decode_alone(arch, rows):
     together = batched(engine, ps, opts, rows)
     assert [tokens for tokens, _ in together] == [tokens for tokens, _ in alone]
     assert all(st.lookup_cycles for _, st in together)
+
+
+def test_a_cycle_is_judged_by_the_kind_of_drafts_it_verified():
+    nothing, two = torch.zeros(0, dtype=torch.long), torch.tensor([5, 6])
+    plain = Proposal(nothing, None, None, 0.0)
+    looked_up = Proposal(two, None, None, 0.0, source=3)
+    drafted = Proposal(two, None, torch.tensor([0.9, 0.4]), 0.01)
+    probed_unverified = Proposal(nothing, None, torch.tensor([0.2, 0.1]), 0.01)  # the drafter ran, 0 kept
+    assert cycle_kind([plain, plain]) is None
+    assert cycle_kind([plain, looked_up]) == LOOKUP
+    assert cycle_kind([looked_up, drafted]) == DRAFTER
+    assert cycle_kind([plain, probed_unverified]) == DRAFTER  # its cost is in the cycle
