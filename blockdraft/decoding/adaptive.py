@@ -18,9 +18,10 @@ only every `probe_every` cycles (a few slots) to keep learning; the interval dou
 probes do not pay, and is never so short that probing costs more than `probe_budget` (1%) of the plain
 decoding time of the probed row (in a batch: its share of the batch's). In a batch the verify forward is
 compute-bound sooner and shared: the batch's verify is ragged (`FastTarget.forward(lengths=)`: a row's
-drafts cost only their own tokens' work), so a row that verifies n drafts while the others verify none is priced as c_rows(1 + n), the batch's forward where one
-row verifies 1 + n tokens and the others 1, and its rate is the batch's: (rows - 1 + E[committed]) /
-(c_rows(1 + n) + d), against a plain step's rows / c_rows(1). (Looked-up drafts of several rows are
+drafts cost only their own tokens' work), so a row that verifies n drafts while the others verify none is
+priced as c_rows(1 + n), the batch's forward where one row verifies 1 + n tokens and the others 1, and
+its rate is the batch's: (rows - 1 + E[committed]) / (c_rows(1 + n) + d), against a plain step's
+rows / c_rows(1). (Looked-up drafts of several rows are
 planned together and priced by their extra tokens together, c_rows(1 + all of them): `ngram_lengths`.)
 c_rows is a curve measured at that batch size when one is given (`set_batch_cost`; `BatchEngine` measures
 it once per device and batch size: the first extra token costs most, ~12% of a step on a 2-core CPU at 8
@@ -323,11 +324,13 @@ class CycleOutcomes:
 
     A cycle counts `decay` less per later cycle of its own kind (~1 / (1 - decay) are remembered) and `forget`
     less per later cycle of another kind, so a kind that stopped running because it lost fades below `least`
-    cycles after ~log(2) / (1 - forget) cycles of the others; then one cycle as the model plans it brings it back
-    above `least` and the verdict is taken again with it. A kind that keeps losing so costs about one cycle in
-    140, and one that lost by a bad start (a burst of failed lookups at 2 rows locked the drafter out for good
-    in session 19's runs) gets another chance. A verdict needs `least` (decayed) cycles of the kind and of plain
-    ones; after `explore` speculative cycles without a plain one, the next is plain."""
+    cycles after ~log(n / least) / (1 - forget) cycles of the others (n: its decayed count; ~70 after a bad
+    start of 6 cycles, ~500 after a long record); then one cycle as the model plans it brings it back above
+    `least` and the verdict is taken again with it. A kind that keeps losing so runs about one cycle in 45,
+    and one that lost by a bad start gets another chance (with one verdict for all kinds that never faded, a
+    few failed lookups at 2 rows turned the drafter off at that size for good). A verdict needs `least`
+    (decayed) cycles of the kind and of plain ones; after `explore` speculative cycles without a plain one,
+    the next is plain."""
 
     def __init__(self, decay: float = 0.98, forget: float = 0.995, least: float = 4.0, explore: int = 16) -> None:
         self.decay, self.forget, self.least, self.explore = decay, forget, least, explore
