@@ -7,11 +7,13 @@
 The first form runs `blockdraft serve` with the arguments after OUT.json and, when the server stops, writes
 one record per decode cycle: when it ended (epoch seconds), rows in the batch, rows that verified drafts and
 how many of them looked-up ones, tokens committed, seconds, and whether the rows were contiguous in the cache;
-and, next to it (OUT.policy.json), what the adaptive policy measured per batch size (`policy_state`). Use it as a `serve_sweep` server command
+and, next to it (OUT.policy.json), what the adaptive policy measured per batch size (`policy_state`). Use it
+as a `serve_sweep` server command
 (`--server 'dflash=.venv/bin/python scripts/serve_cycles.py /tmp/dflash-{port}.json serve --port {port}'`).
-The second form prints, per file, each (rows, kind: drafter / lookups / plain) group's cycles, median seconds and tokens per second;
-the third, per level of a sweep (`serve_sweep`'s sweep.json, servers named as there), the cycles its server ran
-while the level did, the time outside them, and the costliest (rows, D: drafter / L: lookups only / p: plain) groups.
+The second form prints, per file, each (rows, kind: drafter / lookups / plain) group's cycles, median seconds
+and tokens per second; the third, per level of a sweep (`serve_sweep`'s sweep.json, servers named as there),
+the cycles its server ran while the level did, the time outside them, and the costliest (rows, D: drafter /
+L: lookups only / p: plain) groups.
 """
 from __future__ import annotations
 
@@ -31,15 +33,14 @@ from blockdraft.files import atomic_path
 def record_cycles(out: Path) -> None:
     """Wrap `Batch.cycle` to time each cycle; the records go to `out` when the process exits."""
     records: list[dict] = []
-    policies: list[AdaptiveVerify] = []
+    policy: list[AdaptiveVerify | None] = [None]  # the server's policy, once a cycle has run
     cycle = Batch.cycle
 
     def timed(self: Batch, active: list[int] | None = None) -> dict[int, list[int]]:
         active = self.decoding_rows() if active is None else active
         states = [self.states[r] for r in active]
         before = [len(s.stats.sources) for s in states]
-        if self.engine.policy is not None and self.engine.policy not in policies:
-            policies.append(self.engine.policy)
+        policy[0] = self.engine.policy or policy[0]
         start = time.perf_counter()
         committed = cycle(self, active)
         sources = [s.stats.sources[-1] for s, n in zip(states, before) if len(s.stats.sources) > n]
@@ -53,9 +54,9 @@ def record_cycles(out: Path) -> None:
         earlier = json.loads(out.read_text()) if out.exists() else []
         with atomic_path(out) as tmp:
             tmp.write_text(json.dumps(earlier + records))
-        if policies:  # what the adaptive policy measured per batch size, for `--summary`
+        if policy[0] is not None:  # what the adaptive policy measured per batch size
             with atomic_path(out.with_suffix(".policy.json")) as tmp:
-                tmp.write_text(json.dumps(policy_state(policies[-1])))
+                tmp.write_text(json.dumps(policy_state(policy[0])))
 
     Batch.cycle = timed
     atexit.register(save)
