@@ -6,7 +6,9 @@
 
 The first form runs `blockdraft serve` with the arguments after OUT.json and, when the server stops, writes
 one record per decode cycle: when it ended (epoch seconds), rows in the batch, rows that verified drafts and
-how many of them looked-up ones, tokens committed, seconds, and whether the rows were contiguous in the cache;
+how many of them looked-up ones, tokens committed, seconds (and the parts of them spent proposing drafts and in
+the target's forward), whether the rows were contiguous in the cache, and the rows' positions (the longest,
+whose keys every row's attention reads, and the mean);
 and, next to it (OUT.policy.json), what the adaptive policy measured per batch size (`policy_state`). Use it
 as a `serve_sweep` server command
 (`--server 'dflash=.venv/bin/python scripts/serve_cycles.py /tmp/dflash-{port}.json serve --port {port}'`).
@@ -27,6 +29,8 @@ from pathlib import Path
 
 from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, AdaptiveVerify
 from blockdraft.decoding.batch_engine import Batch
+from blockdraft.decoding.engine import SpeculativeEngine
+from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.files import atomic_path
 
 
@@ -35,19 +39,24 @@ def record_cycles(out: Path) -> None:
     records: list[dict] = []
     policy: list[AdaptiveVerify | None] = [None]  # the server's policy, once a cycle has run
     cycle = Batch.cycle
+    parts = time_parts({"propose": (SpeculativeEngine, "propose_many"), "forward": (FastTarget, "forward")})
 
     def timed(self: Batch, active: list[int] | None = None) -> dict[int, list[int]]:
         active = self.decoding_rows() if active is None else active
         states = [self.states[r] for r in active]
         before = [len(s.stats.sources) for s in states]
+        starts = [s.start for s in states]
         policy[0] = self.engine.policy or policy[0]
+        parts.clear()
         start = time.perf_counter()
         committed = cycle(self, active)
         sources = [s.stats.sources[-1] for s, n in zip(states, before) if len(s.stats.sources) > n]
         records.append({"at": round(time.time(), 3), "rows": len(active), "seconds": time.perf_counter() - start,
                         "drafted": len(sources), "looked_up": sum(1 for x in sources if x),
                         "tokens": sum(map(len, committed.values())),
-                        "contiguous": active == list(range(len(active)))})
+                        "contiguous": active == list(range(len(active))),
+                        "span": max(starts, default=0), "mean_start": round(sum(starts) / max(len(starts), 1), 1),
+                        **{f"{name}_s": round(seconds, 6) for name, seconds in parts.items()}})
         return committed
 
     def save() -> None:  # after any earlier server's records in `out` (a sweep may start one command twice)
@@ -60,6 +69,24 @@ def record_cycles(out: Path) -> None:
 
     Batch.cycle = timed
     atexit.register(save)
+
+
+def time_parts(methods: dict[str, tuple[type, str]]) -> dict[str, float]:
+    """Wrap each named method to add its seconds to the returned dict (cleared by the caller per cycle)."""
+    spent: dict[str, float] = {}
+
+    def wrap(name: str, method):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+        return timed
+
+    for name, (owner, attr) in methods.items():
+        setattr(owner, attr, wrap(name, getattr(owner, attr)))
+    return spent
 
 
 def policy_state(policy: AdaptiveVerify) -> dict:

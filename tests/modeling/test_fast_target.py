@@ -103,17 +103,59 @@ def test_scattered_rows_verifying_several_tokens_equal_each_row_alone(arch):
         assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
 
 
+def test_rows_cut_into_stretches_over_their_own_keys_equal_each_row_alone(arch, monkeypatch):
+    """With cuts made cheap (call_keys=1), every stretch of rows attends over its own longest row's keys only:
+    a plain step and a ragged verify over rows of 3-40 tokens give each row's solo logits."""
+    import blockdraft.modeling.fast_target as ft
+
+    fast = FastTarget(tiny_hf_model(arch, layers=2))
+    fast.call_keys = 1
+    prompts = [torch.randint(0, 96, (1, n)) for n in (40, 3, 5, 33, 6)]
+    cache = fast.new_cache(rows=5)
+    for r, p in enumerate(prompts):
+        fast.forward(p, cache, 0, rows=[r], features=False)
+    plans = []
+    cut = ft._by_span
+    monkeypatch.setattr(ft, "_by_span", lambda *a: plans.append(cut(*a)) or plans[-1])
+    starts = [p.shape[1] for p in prompts]
+    for lengths in ([1] * 5, [1, 4, 1, 2, 3]):
+        step = torch.randint(0, 96, (5, max(lengths)))
+        logits, _ = fast.forward(step, cache, starts, features=False, lengths=lengths)
+        for r, n, lg in zip(range(5), lengths, logits.split(lengths)):
+            solo, _ = fast.forward(torch.cat([prompts[r], step[r:r + 1, :n]], 1), fast.new_cache(), 0, features=False)
+            assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
+            fast.rollback(cache, starts[r], row=r)
+    assert plans[0] == [(0, 1, 0, 41), (1, 2, 1, 4), (2, 3, 2, 6), (3, 4, 3, 34), (4, 5, 4, 7)]  # each alone
+
+
 def test_extra_queries_attend_apart_when_padding_every_row_would_cost_more():
     from blockdraft.modeling.fast_target import _extra_queries
 
-    one_run = [(0, 6, 0)]
+    one_run = [(0, 6, 0, 40)]
     # one row verifying 5 tokens next to five verifying 1: padding would give each of them 4 more queries
-    assert _extra_queries([1, 1, 5, 1, 1, 1], one_run, 5) == [(2, 3, 2, 5)]
-    # stretches of consecutive long rows go together, in the cache rows their run starts at
-    assert _extra_queries([1, 4, 3, 1, 1, 1, 2, 2], [(0, 5, 0), (5, 8, 9)], 4) == [(1, 3, 1, 4), (6, 8, 10, 2)]
-    assert _extra_queries([2, 2, 1], [(0, 3, 0)], 2) is None  # most rows have two: padding is cheaper
+    assert _extra_queries([1, 1, 5, 1, 1, 1], one_run, 5) == [(2, 3, 2, 5, 40)]
+    # stretches of consecutive long rows go together, in the cache rows their run starts at, over its keys
+    assert _extra_queries([1, 4, 3, 1, 1, 1, 2, 2], [(0, 5, 0, 30), (5, 8, 9, 20)], 4) == [(1, 3, 1, 4, 30),
+                                                                                           (6, 8, 10, 2, 20)]
+    assert _extra_queries([2, 2, 1], [(0, 3, 0, 9)], 2) is None  # most rows have two: padding is cheaper
     assert _extra_queries([1, 4, 1, 4, 1, 4], one_run, 4) is None  # three calls of one row each cost more
-    assert _extra_queries([1, 1, 1], [(0, 3, 0)], 1) is None
+    assert _extra_queries([1, 1, 1], [(0, 3, 0, 9)], 1) is None
+
+
+def test_stretches_of_rows_attend_over_their_own_keys_where_a_call_costs_less_than_the_keys_it_saves():
+    from blockdraft.modeling.fast_target import _by_span
+
+    # one long row among short ones: apart, the others stop reading 3 x 580 keys for two more calls
+    assert _by_span([(0, 4, 0)], [100, 90, 700, 120], call_keys=320) == [(0, 2, 0, 100), (2, 3, 2, 700),
+                                                                         (3, 4, 3, 120)]
+    # rows of about the same length: a cut would save fewer keys than a call costs
+    assert _by_span([(0, 4, 0)], [100, 90, 140, 120], call_keys=320) == [(0, 4, 0, 140)]
+    # runs stay apart (their cache rows are not consecutive), each cut on its own
+    assert _by_span([(0, 2, 3), (2, 3, 9)], [50, 900, 60], call_keys=320) == [(0, 1, 3, 50), (1, 2, 4, 900),
+                                                                              (2, 3, 9, 60)]
+    # at most `longest` rows a call
+    assert _by_span([(0, 40, 0)], [100] * 40, call_keys=320, longest=16) == [(0, 16, 0, 100), (16, 32, 16, 100),
+                                                                              (32, 40, 32, 100)]
 
 
 def test_rows_whose_further_queries_attend_apart_equal_each_row_alone(arch, monkeypatch):
@@ -134,7 +176,7 @@ def test_rows_whose_further_queries_attend_apart_equal_each_row_alone(arch, monk
     step = torch.randint(0, 96, (7, 5))
     starts = [prompts[r].shape[1] for r in rows]
     logits, _ = fast.forward(step, cache, starts, features=False, rows=rows, lengths=lengths)
-    assert plans == [[(2, 3, 2, 5), (6, 7, 7, 2)]]
+    assert [[e[:4] for e in plan] for plan in plans] == [[(2, 3, 2, 5), (6, 7, 7, 2)]]
     for r, n, lg, ids in zip(rows, lengths, logits.split(lengths), step):
         solo, _ = fast.forward(torch.cat([prompts[r], ids[None, :n]], 1), fast.new_cache(), 0, features=False)
         assert torch.allclose(lg, solo[0, -n:], atol=1e-10)
