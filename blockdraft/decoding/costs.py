@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 
 STATISTICS = {"min": min, "median": median}  # how a size's timed rounds become its cost
 
-FORWARD_VERSION = 6  # part of the cache key: bumped whenever the fast path's forward kernels or the way
+FORWARD_VERSION = 7  # part of the cache key: bumped whenever the fast path's forward kernels or the way
 # the curve is measured change (5: batch curves of ragged verifies, grouped CPU attention; 6: a ragged batch's
-# further queries attend apart from the first ones)
+# further queries attend apart from the first ones; 7: stretches of rows attend over their own keys)
 
 
 @torch.inference_mode()
