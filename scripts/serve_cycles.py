@@ -30,8 +30,8 @@ from pathlib import Path
 from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, AdaptiveVerify
 from blockdraft.decoding.batch_engine import Batch
 from blockdraft.decoding.engine import SpeculativeEngine
-from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.files import atomic_path
+from blockdraft.modeling.fast_target import FastTarget
 
 
 def record_cycles(out: Path) -> None:

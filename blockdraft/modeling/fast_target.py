@@ -246,9 +246,9 @@ def _runs(rows: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-# an attention call's fixed cost in keys of one row it saves: ~45 us a call against ~0.14 us a row's key at 9 heads
-# x 64 dims (torch's SDPA on a 2-core CPU, 1-16 rows of 50-800 keys, one query); a key costs in proportion to
-# heads x head dims, so a target with other heads scales it by 576 / (heads x head dims)
+# an attention call's fixed cost, in keys of one row: ~45 us a call against ~0.14 us a row's key at 9 heads x 64
+# dims (torch's SDPA on a 2-core CPU, 1-16 rows of 50-800 keys, one query); a key costs in proportion to heads x
+# head dims, so a target with other heads scales it by 576 / (heads x head dims)
 CALL_ROW_KEYS = 320
 
 
