@@ -33,7 +33,7 @@ run: $(VENV)/.installed
 	$(BIN)/blockdraft generate --chat "$(PROMPT)" --max-new-tokens 128 --compare
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # Regenerates the README's results table and docs/figures/results (~35 min on a 2-core CPU).
 results: $(VENV)/.installed-dev
