@@ -1,7 +1,10 @@
 """One request at a time through Batch(rows=1) (the FIFO server's), Batch(rows=16) (the default server's,
 row 0) and engine.decode (Pipeline.stream's), the order alternating per prompt; outputs asserted identical.
 Run from the repository root: .venv/bin/python docs/figures/serve-v7/one_row.py [PROMPTS] [ROUNDS]."""
-import sys, time, torch
+import sys
+import time
+
+import torch
 from collections import Counter
 from blockdraft.api import Pipeline
 from blockdraft.bench.datasets import bench_prompts
