@@ -3,9 +3,10 @@ row 0) and engine.decode (Pipeline.stream's), the order alternating per prompt; 
 Run from the repository root: .venv/bin/python docs/figures/serve-v7/one_row.py [PROMPTS] [ROUNDS]."""
 import sys
 import time
+from collections import Counter
 
 import torch
-from collections import Counter
+
 from blockdraft.api import Pipeline
 from blockdraft.bench.datasets import bench_prompts
 from blockdraft.decoding.batch_engine import Batch
