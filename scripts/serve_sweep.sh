@@ -40,7 +40,16 @@ if [[ -z "${SKIP_LLAMA:-}" ]]; then
       --outtype f32 --outfile "$F32.tmp"
     mv "$F32.tmp" "$F32"
   fi
-  LLAMA_SERVE="$LLAMA/venv/bin/python -m llama_cpp.server --n_threads $THREADS --n_threads_batch $THREADS --n_ctx 4096 --host 127.0.0.1 --port {port} --interrupt_requests False --model"
+  LLAMA_MAIN="-m llama_cpp.server"
+  # llama.cpp's extra weight buffers (repacked / AMX) crashed on Q4_1 prompts of a few tokens on an AMX Xeon VM:
+  # when the stock library cannot answer one, run the servers as llama.cpp's --no-repack would
+  # (scripts/llama_server_no_repack.py)
+  PROBE="import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_threads=$THREADS, verbose=False)('Write a short poem about the sea.', max_tokens=2)"
+  if ! "$LLAMA/venv/bin/python" -c "$PROBE" "$Q4" 2>/dev/null; then
+    echo "llama.cpp crashed decoding $Q4 with its extra weight buffers on this CPU: running its servers without them (--no-repack)" >&2
+    LLAMA_MAIN="scripts/llama_server_no_repack.py"
+  fi
+  LLAMA_SERVE="$LLAMA/venv/bin/python $LLAMA_MAIN --n_threads $THREADS --n_threads_batch $THREADS --n_ctx 4096 --host 127.0.0.1 --port {port} --interrupt_requests False --model"
   servers+=(--server "llama.cpp-Q4_1=$LLAMA_SERVE $Q4" --server "llama.cpp-F32=$LLAMA_SERVE $F32")
   baselines+=(--baseline llama.cpp-Q4_1 --baseline llama.cpp-F32)
 fi

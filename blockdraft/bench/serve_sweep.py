@@ -129,22 +129,31 @@ def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_
     """Start every server (port 0: free ones; else port, port + 1, ...), then per round and concurrency run
     the level on each server that sweeps it, in `specs` order when round + level index is even, else reversed
     (so each level's rounds pair up ABBA); stop them. One run record per server and round, as `run_server`
-    makes; `progress(runs)` after every level."""
+    makes; `progress(runs)` after every level. A server that stops answering (it crashed) is left out from
+    then on, the others go on: its run record of that round says where ("down")."""
     levels = sorted({c for s in specs for c in s.concurrency})
     runs: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(serving(s, port + i if port else 0, out / f"{s.name}.log"))
                 for i, s in enumerate(specs)]
-        turn, warm = list(zip(specs, urls)), set()
+        turn, warm, down = list(zip(specs, urls)), set(), set()
         for r in range(rounds):
             current = {s.name: _run_record(s, [], r) for s in specs}
             runs += current.values()
             for i, c in enumerate(levels):
                 for spec, url in turn if (r + i) % 2 == 0 else turn[::-1]:
-                    if c in spec.concurrency:
-                        current[spec.name]["levels"].append(run_level(url, prompts, c, max_tokens,
-                                                                      warmup=spec.name not in warm))
-                        warm.add(spec.name)
+                    if c not in spec.concurrency or spec.name in down:
+                        continue
+                    try:
+                        level = run_level(url, prompts, c, max_tokens, warmup=spec.name not in warm)
+                    except BlockdraftError as exc:
+                        down.add(spec.name)
+                        current[spec.name]["down"] = f"round {r + 1}, {c} clients: {exc}"
+                        log.warning("%s is down (%s): its other levels are skipped; see %s.log", spec.name, exc,
+                                    spec.name)
+                        continue
+                    current[spec.name]["levels"].append(level)
+                    warm.add(spec.name)
                 progress(runs)
     return runs
 
@@ -341,6 +350,9 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{_fmt(cell['requests_per_s'], 3)} | {_fmt(cell['ttft_p50_s'], 2)} / "
                          f"{_fmt(cell['ttft_p95_s'], 2)} | {_fmt(cell['latency_p50_s'], 2)} / "
                          f"{_fmt(cell['latency_p95_s'], 2)} |")
+    for run in (r for r in result.get("runs", []) if r.get("down")):
+        lines += ["", f"{run['name']} stopped answering ({run['down']}): its later levels did not run; see its log, "
+                      f"{run['name']}.log."]
     if result.get("overhead"):
         lines += ["", overhead_line(result["overhead"])]
     lines += ["", "Greedy replies identical to the same request alone / to the reference server's: "

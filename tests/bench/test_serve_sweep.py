@@ -9,7 +9,7 @@ import pytest
 
 from blockdraft.bench import serve_sweep
 from blockdraft.bench.serve_sweep import identity, markdown, parse_server, summarize, summarize_overhead
-from blockdraft.errors import InvalidArgumentError
+from blockdraft.errors import BlockdraftError, InvalidArgumentError
 
 
 def level(c: int, tok_s: float, texts: list[str | None], errors: int = 0) -> dict:
@@ -158,3 +158,26 @@ def test_identity_skips_servers_that_have_not_run_a_level_yet():
     assert identity([{"name": "b", "round": 0, "levels": []}] + runs()[:1], "b", 2)["a"]["compared_with_reference"] == 0
     md = markdown(result_of(early))
     assert "c" not in summarize(early) and "| a | 1 |" in md and "| c | 1 |" not in md
+
+
+def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, tmp_path):
+    @contextlib.contextmanager
+    def serving(spec, port, log_path):
+        yield spec.name
+
+    ran = []
+
+    def run_level(url, prompts, c, max_tokens, warmup):
+        if url == "b" and c == 4:
+            raise BlockdraftError("no OpenAI-compatible server reachable at http://127.0.0.1:9 (refused)")
+        ran.append((url, c))
+        return level(c, 10.0, ["x"] * max(c, 2))
+
+    monkeypatch.setattr(serve_sweep, "serving", serving)
+    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    specs = [parse_server("a=serve {port}", (1, 4, 8)), parse_server("b=serve {port}", (1, 4, 8))]
+    runs = serve_sweep.run_together(specs, 0, ["p", "q"], 8, 2, tmp_path, lambda r: None)
+    assert ("b", 8) not in ran and ran.count(("b", 1)) == 1 and ran.count(("a", 8)) == 2  # b: round 1, c=1 only
+    assert runs[1]["down"].startswith("round 1, 4 clients: no OpenAI-compatible server")
+    text = markdown({**result_of(runs), "runs": runs})
+    assert "b stopped answering (round 1, 4 clients: no OpenAI" in text and "| a | 8 | 10.0 / 10.0 |" in text
