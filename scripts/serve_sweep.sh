@@ -6,7 +6,10 @@
 # whole server's sweep at a time).
 #   scripts/serve_sweep.sh [OUT] [extra python -m blockdraft.bench.serve_sweep flags]
 # llama-cpp-python builds from source into its own venv under ~/.cache/blockdraft/llamacpp (~9 min, once);
-# LLAMA_THREADS (default 2) sets its threads. SKIP_LLAMA=1 leaves llama.cpp out.
+# LLAMA_THREADS (default 2) sets its threads. SKIP_LLAMA=1 leaves llama.cpp out. Where llama.cpp crashes on the
+# Q4_1 file with its extra weight buffers (an AMX Xeon VM did), its servers run without them, as its own
+# --no-repack would (scripts/llama_server_no_repack.py; the script says so). A server that crashes mid-sweep
+# is left out from then on (sweep.md says where).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-serve-sweep}

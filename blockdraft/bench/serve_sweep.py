@@ -146,7 +146,9 @@ def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_
                         continue
                     try:
                         level = run_level(url, prompts, c, max_tokens, warmup=spec.name not in warm)
-                    except BlockdraftError as exc:
+                    except InvalidArgumentError:  # the sweep's own arguments: no server would do better
+                        raise
+                    except BlockdraftError as exc:  # the server no longer answers
                         down.add(spec.name)
                         current[spec.name]["down"] = f"round {r + 1}, {c} clients: {exc}"
                         log.warning("%s is down (%s): its other levels are skipped; see %s.log", spec.name, exc,

@@ -181,3 +181,17 @@ def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, t
     assert runs[1]["down"].startswith("round 1, 4 clients: no OpenAI-compatible server")
     text = markdown({**result_of(runs), "runs": runs})
     assert "b stopped answering (round 1, 4 clients: no OpenAI" in text and "| a | 8 | 10.0 / 10.0 |" in text
+
+
+def test_a_bad_sweep_argument_stops_the_sweep_instead_of_marking_servers_down(monkeypatch, tmp_path):
+    @contextlib.contextmanager
+    def serving(spec, port, log_path):
+        yield spec.name
+
+    def run_level(url, prompts, c, max_tokens, warmup):
+        raise InvalidArgumentError("max_tokens 0: expected >= 1")
+
+    monkeypatch.setattr(serve_sweep, "serving", serving)
+    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    with pytest.raises(InvalidArgumentError, match="max_tokens 0"):
+        serve_sweep.run_together([parse_server("a=serve {port}", (1,))], 0, ["p"], 0, 1, tmp_path, lambda r: None)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# serve-v8/sustained: our server with and without speculation as shipped, under sustained load (24 prompts, so
+# max(c, 24) requests a level: three per client at 8 clients), 2 ABBA rounds. Run from anywhere; OUT defaults to
+# ./serve-v8-sustained under the repository. Ran with OUT=/tmp/x/v8sus, then copied here.
+set -euo pipefail
+cd "$(dirname "$0")/../../../.."
+OUT=${1:-serve-v8-sustained}
+.venv/bin/python -m blockdraft.bench.serve_sweep \
+  --server "dflash=.venv/bin/blockdraft serve --port {port}" \
+  --server "plain=.venv/bin/blockdraft serve --port {port} --no-draft" \
+  --baseline plain --reference plain \
+  --concurrency 8,16,32 --samples 24 --max-tokens 256 --rounds 2 --overhead-rounds 0 --port 0 --out "$OUT"
