@@ -330,6 +330,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"Closed-loop clients, {result['prompts']} {result.get('dataset', 'mt-bench')} first turns, {result['max_tokens']} max tokens, "
              f"T=0, {result['rounds']} rounds ({_order(result)}); mean over rounds, (min-max) of the per-round ratios.",
              ""]
+    if result.get("environment"):  # which CPU decides much of it (serve-v7 against serve-v8)
+        lines += [machine_line(result["environment"]), ""]
     head = ["c"] + [f"{n} tok/s" for n in names] + [f"{main} x {b}" for b in baselines]
     head += [f"{main} req/s", f"{main} TTFT p50/p95 (s)", f"{main} latency p50/p95 (s)", "errors"]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
@@ -361,6 +363,14 @@ def markdown(result: dict[str, Any]) -> str:
               + "; ".join(f"{n} {v['same_as_alone']}/{v['replies']} alone, {v['same_as_reference']}/"
                           f"{v['compared_with_reference']} reference" for n, v in result["identity"].items())]
     return "\n".join(lines) + "\n"
+
+
+def machine_line(env: dict[str, Any]) -> str:
+    """'Machine: <CPU> (<its widest vector ISA torch uses>), N cores, torch X, blockdraft at <commit>.'"""
+    commit = env.get("git_commit")
+    return (f"Machine: {env.get('cpu_model') or 'unknown CPU'} ({env.get('cpu_capability', '?')}), "
+            f"{env.get('cpu_count', '?')} cores, torch {env.get('packages', {}).get('torch', '?')}"
+            + (f", blockdraft at {commit[:7]}." if commit else "."))
 
 
 def _order(result: dict[str, Any]) -> str:

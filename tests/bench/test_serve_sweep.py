@@ -195,3 +195,11 @@ def test_a_bad_sweep_argument_stops_the_sweep_instead_of_marking_servers_down(mo
     monkeypatch.setattr(serve_sweep, "run_level", run_level)
     with pytest.raises(InvalidArgumentError, match="max_tokens 0"):
         serve_sweep.run_together([parse_server("a=serve {port}", (1,))], 0, ["p"], 0, 1, tmp_path, lambda r: None)
+
+
+def test_markdown_names_the_machine():
+    env = {"cpu_model": "Some Xeon", "cpu_capability": "AVX512", "cpu_count": 2, "packages": {"torch": "2.13.0"},
+           "git_commit": "d46b6223b01411be6a00800e620487b3c56426a4"}
+    text = markdown({**result_of(runs()), "environment": env})
+    assert "\n\nMachine: Some Xeon (AVX512), 2 cores, torch 2.13.0, blockdraft at d46b622.\n\n|" in text
+    assert "Machine:" not in markdown(result_of(runs()))
