@@ -160,11 +160,17 @@ def test_identity_skips_servers_that_have_not_run_a_level_yet():
     assert "c" not in summarize(early) and "| a | 1 |" in md and "| c | 1 |" not in md
 
 
-def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, tmp_path):
+def fake_servers(monkeypatch, run_level) -> None:
+    """Servers that need no process: a server's URL is its name, and `run_level` plays its levels."""
     @contextlib.contextmanager
     def serving(spec, port, log_path):
         yield spec.name
 
+    monkeypatch.setattr(serve_sweep, "serving", serving)
+    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+
+
+def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, tmp_path):
     ran = []
 
     def run_level(url, prompts, c, max_tokens, warmup):
@@ -173,8 +179,7 @@ def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, t
         ran.append((url, c))
         return level(c, 10.0, ["x"] * max(c, 2))
 
-    monkeypatch.setattr(serve_sweep, "serving", serving)
-    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    fake_servers(monkeypatch, run_level)
     specs = [parse_server("a=serve {port}", (1, 4, 8)), parse_server("b=serve {port}", (1, 4, 8))]
     runs = serve_sweep.run_together(specs, 0, ["p", "q"], 8, 2, tmp_path, lambda r: None)
     assert ("b", 8) not in ran and ran.count(("b", 1)) == 1 and ran.count(("a", 8)) == 2  # b: round 1, c=1 only
@@ -184,15 +189,10 @@ def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, t
 
 
 def test_a_bad_sweep_argument_stops_the_sweep_instead_of_marking_servers_down(monkeypatch, tmp_path):
-    @contextlib.contextmanager
-    def serving(spec, port, log_path):
-        yield spec.name
-
     def run_level(url, prompts, c, max_tokens, warmup):
         raise InvalidArgumentError("max_tokens 0: expected >= 1")
 
-    monkeypatch.setattr(serve_sweep, "serving", serving)
-    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    fake_servers(monkeypatch, run_level)
     with pytest.raises(InvalidArgumentError, match="max_tokens 0"):
         serve_sweep.run_together([parse_server("a=serve {port}", (1,))], 0, ["p"], 0, 1, tmp_path, lambda r: None)
 
