@@ -118,10 +118,30 @@ def _run_record(spec: ServerSpec, levels: list[dict[str, Any]], round_: int) -> 
 
 def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, log_path: Path, round_: int = 0,
                ) -> dict[str, Any]:
-    """Start `spec`, sweep its concurrencies, stop it; the sweep's levels (each with its texts). Port 0: a free one."""
+    """Start `spec`, sweep its concurrencies, stop it; the sweep's levels (each with its texts). Port 0: a free one.
+    A server that stops answering ends its sweep there (`_add_level`)."""
+    record = _run_record(spec, [], round_)
     with serving(spec, port, log_path) as url:
-        levels = [run_level(url, prompts, c, max_tokens, warmup=i == 0) for i, c in enumerate(spec.concurrency)]
-    return _run_record(spec, levels, round_)
+        for i, c in enumerate(spec.concurrency):
+            if not _add_level(record, url, prompts, c, max_tokens, warmup=i == 0):
+                break
+    return record
+
+
+def _add_level(record: dict[str, Any], url: str, prompts: list[Prompt], c: int, max_tokens: int,
+               warmup: bool) -> bool:
+    """Run level `c` into the run record; False when the server no longer answers (it crashed): the record then
+    says where ("down") and its server's other levels should be skipped."""
+    try:
+        level = run_level(url, prompts, c, max_tokens, warmup)
+    except InvalidArgumentError:  # the sweep's own arguments: no server would do better
+        raise
+    except BlockdraftError as exc:
+        record["down"] = f"round {record['round'] + 1}, {c} clients: {exc}"
+        log.warning("%s is down (%s): its other levels are skipped; see %s.log", record["name"], exc, record["name"])
+        return False
+    record["levels"].append(level)
+    return True
 
 
 def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_tokens: int, rounds: int,
@@ -144,18 +164,10 @@ def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_
                 for spec, url in turn if (r + i) % 2 == 0 else turn[::-1]:
                     if c not in spec.concurrency or spec.name in down:
                         continue
-                    try:
-                        level = run_level(url, prompts, c, max_tokens, warmup=spec.name not in warm)
-                    except InvalidArgumentError:  # the sweep's own arguments: no server would do better
-                        raise
-                    except BlockdraftError as exc:  # the server no longer answers
+                    if _add_level(current[spec.name], url, prompts, c, max_tokens, warmup=spec.name not in warm):
+                        warm.add(spec.name)
+                    else:
                         down.add(spec.name)
-                        current[spec.name]["down"] = f"round {r + 1}, {c} clients: {exc}"
-                        log.warning("%s is down (%s): its other levels are skipped; see %s.log", spec.name, exc,
-                                    spec.name)
-                        continue
-                    current[spec.name]["levels"].append(level)
-                    warm.add(spec.name)
                 progress(runs)
     return runs
 

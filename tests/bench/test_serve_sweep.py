@@ -203,3 +203,15 @@ def test_markdown_names_the_machine():
     text = markdown({**result_of(runs()), "environment": env})
     assert "\n\nMachine: Some Xeon (AVX512), 2 cores, torch 2.13.0, blockdraft at d46b622.\n\n|" in text
     assert "Machine:" not in markdown(result_of(runs()))
+
+
+def test_a_server_that_goes_down_one_at_a_time_ends_its_sweep_there(monkeypatch, tmp_path):
+    def run_level(url, prompts, c, max_tokens, warmup):
+        if c == 4:
+            raise BlockdraftError("no OpenAI-compatible server reachable at http://127.0.0.1:9 (refused)")
+        return level(c, 10.0, ["x"] * max(c, 2))
+
+    fake_servers(monkeypatch, run_level)
+    record = serve_sweep.run_server(parse_server("a=serve {port}", (1, 4, 8)), 0, ["p", "q"], 8, tmp_path / "a.log", 1)
+    assert [lv["concurrency"] for lv in record["levels"]] == [1]
+    assert record["down"].startswith("round 2, 4 clients: no OpenAI-compatible server")
