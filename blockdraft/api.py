@@ -34,6 +34,7 @@ Messages = Sequence[dict[str, str]]
 # with a seed, the gumbel sampler (exactly plain decoding's tokens, blockdraft.decoding.gumbel); without one, the
 # rejection rule, which accepts more drafts at T >= 1 (docs/figures/sampler-v1)
 DEFAULT_SAMPLER = "auto"
+DEFAULT_TREE = "off"  # draft trees (blockdraft.decoding.tree): "off", "auto" or a node budget
 
 
 @dataclass
@@ -179,14 +180,14 @@ class Pipeline:
                 seed: int | None = None, block_size: int | None = None, no_draft: bool = False,
                 stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None, draft: str = "sample",
                 verify: str = "adaptive", ngram: bool = True, sampler: str = DEFAULT_SAMPLER,
-                chat_template_kwargs: dict[str, Any] | None = None) -> Prepared:
+                tree: str | int = DEFAULT_TREE, chat_template_kwargs: dict[str, Any] | None = None) -> Prepared:
         """A request as token ids and engine options, every value checked (`stream`'s keywords)."""
         ids = self.encode(prompt, chat, messages, chat_template_kwargs)
         stops = tuple(self.stop_token_ids() if stop_token_ids is None else stop_token_ids)
         options = DecodeOptions(max_new_tokens=max_new_tokens, block_size=block_size, no_draft=no_draft,
                                 stop_token_ids=stops,
                                 sampling=SamplingParams(temperature, top_k, top_p, seed, draft, sampler),
-                                verify=verify, ngram=ngram)
+                                verify=verify, ngram=ngram, tree=tree)
         if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
             raise InvalidArgumentError(f"stop={stop!r}: expected a list of non-empty strings")
         self.engine.block_size(options)  # validate before the first token
@@ -207,7 +208,9 @@ class Pipeline:
         distribution exactly),
         verify ("adaptive", the default: the draft prefix that pays on this device, see blockdraft.decoding.adaptive;
         "fixed": the whole block), ngram (True, the default: also draft by looking the context up in the cycles
-        where that should commit more, see blockdraft.decoding.lookup; False: the drafter's drafts only)."""
+        where that should commit more, see blockdraft.decoding.lookup; False: the drafter's drafts only), tree
+        ("off": chains of drafts; N: a draft tree of N nodes from the drafter's one pass, looked-up drafts as
+        one of its branches; "auto": a tree whose size the adaptive policy picks; see blockdraft.decoding.tree)."""
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass
@@ -218,7 +221,8 @@ class Pipeline:
                        max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, seed: int | None = None, block_size: int | None = None,
                        no_draft: bool = False, draft: str = "sample", verify: str = "adaptive", ngram: bool = True,
-                       sampler: str = DEFAULT_SAMPLER, chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
+                       sampler: str = DEFAULT_SAMPLER, tree: str | int = DEFAULT_TREE,
+                       chat_template_kwargs: dict[str, Any] | None = None) -> list[GenerationOutput]:
         """Generate for many prompts at once (`rows` decode together, continuous batching); results in input
         order. Each item is a user message (chat=True), raw text (chat=False) or a list of messages.
         Request i samples with seed `seed + i` when a seed is given. Outputs equal `generate` per prompt."""
@@ -231,7 +235,7 @@ class Pipeline:
         stops = self.stop_token_ids()
         options = [DecodeOptions(max_new_tokens=m, block_size=block_size, no_draft=no_draft, stop_token_ids=stops,
                                  sampling=SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i,
-                                                         draft, sampler), verify=verify, ngram=ngram)
+                                                         draft, sampler), verify=verify, ngram=ngram, tree=tree)
                    for i, m in enumerate(limits)]
         results: list[GenerationOutput | None] = [None] * len(prompts)
         for i, tokens, stats in BatchEngine(self.engine, rows).run(ids, options):

@@ -9,7 +9,7 @@ import random
 import signal
 import sys
 
-from blockdraft.api import DEFAULT_SAMPLER
+from blockdraft.api import DEFAULT_SAMPLER, DEFAULT_TREE
 from blockdraft.bench.command import add_parser as add_bench_parser
 from blockdraft.qualify.command import add_parser as add_qualify_parser
 from blockdraft.qualify.command import run_qualify
@@ -56,6 +56,9 @@ def _decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ngram", dest="ngram", action="store_false",
                    help="draft with the drafter only (default: also look the context up, prompt-lookup style, in the "
                         "cycles where that should commit more; lossless either way)")
+    p.add_argument("--tree", type=tree_setting, default=DEFAULT_TREE,
+                   help=f"draft trees from the drafter's one pass: off, auto (the adaptive policy picks the size) or "
+                        f"a node budget N (default {DEFAULT_TREE}; looked-up drafts join as one branch)")
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -197,7 +200,18 @@ def _load_pipeline(args: argparse.Namespace):
 def _decoding_options(args: argparse.Namespace) -> dict:
     """`Pipeline.stream` keywords from `_decoding_arguments`."""
     return dict(block_size=args.block_size, no_draft=args.no_draft, draft=args.draft, verify=args.verify,
-                ngram=args.ngram, sampler=args.sampler)
+                ngram=args.ngram, sampler=args.sampler, tree=args.tree)
+
+
+def tree_setting(text: str) -> str | int:
+    """An argparse type for --tree: off, auto or a node budget >= 1."""
+    from blockdraft.decoding.engine import parse_tree
+    from blockdraft.errors import InvalidArgumentError
+
+    try:
+        return parse_tree(text)
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -24,6 +24,17 @@ def _list_of(convert: type, what: str, example: str):
 
 
 int_list = _list_of(int, "integers", "4,8,16")
+
+
+def tree_list(text: str) -> tuple[str | int, ...]:
+    """An argparse type for --tree: comma-separated off / auto / node budgets."""
+    from blockdraft.decoding.engine import parse_tree
+    from blockdraft.errors import InvalidArgumentError
+
+    try:
+        return tuple(parse_tree(x) for x in text.split(","))
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 float_list = _list_of(float, "numbers", "0,0.7")
 
 
@@ -52,6 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="samplers at T > 0, comma-separated: auto (default, as generate: the runs are seeded to "
                         "repeat, but auto measures what an unseeded request gets, rejection), gumbel, rejection; "
                         "several run every DFlash method once per sampler, side by side (names get a +SAMPLER suffix)")
+    p.add_argument("--tree", type=tree_list, default=BenchSettings.trees,
+                   help="DFlash draft trees, comma-separated, run side by side: off (default), auto, node budgets "
+                        "(e.g. off,8,32,auto; with --replay, the acceptance of each)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10,
                    help="draft length of the hf_prompt_lookup baseline (default 10)")
     p.add_argument("--thinking", choices=("on", "off", "default"), default="default",
@@ -118,6 +132,7 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              block_sizes=tuple(args.block_sizes), verify=tuple(args.verify.split(",")),
                              methods=tuple(args.methods.split(",")), samplers=tuple(args.sampler.split(",")),
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
+                             trees=tuple(args.tree),
                              chat_template_kwargs=kwargs)
     pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile,
                          pack=pack_choice(args), draft_vocab=not args.full_vocab_drafts)

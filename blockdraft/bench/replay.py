@@ -17,6 +17,7 @@ import torch
 
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.decoding.stats import GenerationStats
+from blockdraft.decoding.tree import walk
 from blockdraft.errors import InvalidArgumentError
 
 
@@ -24,8 +25,9 @@ from blockdraft.errors import InvalidArgumentError
 def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continuation: list[int],
                       options: DecodeOptions, drafted: list[int] | None = None) -> list[int]:
     """Acceptance lengths (bonus included) of the cycles the engine would run to produce `continuation`,
-    the greedy output of plain decoding under `options` (fixed verify, T = 0); `drafted`, when given, gets
-    each cycle's number of drafts (fewer than the block near the end)."""
+    the greedy output of plain decoding under `options` (fixed verify, T = 0; chains or draft trees, walked
+    by the continuation's tokens); `drafted`, when given, gets each cycle's number of drafts (tree nodes with
+    trees; fewer than the block near the end)."""
     if not options.sampling.greedy or options.verify != "fixed" or options.no_draft:
         raise InvalidArgumentError("replay needs greedy speculative decoding with fixed verify: expected "
                                    f"temperature 0, verify='fixed', no_draft=False (got {options})")
@@ -40,11 +42,18 @@ def replay_acceptance(engine: SpeculativeEngine, prompt_ids: list[int], continua
     seq.token, seq.start, seq.remaining = continuation[0], p, options.max_new_tokens - 1
     seq.pending = [feats[:, :p]]
     lengths = []
-    while seq.start < p + len(continuation) - 1:
+    end = p + len(continuation)
+    while seq.start < end - 1:
         prop = engine.propose(seq)
-        truth = ids[0, seq.start + 1: seq.start + 1 + prop.drafts.numel()]
-        match = (prop.drafts[: truth.numel()] == truth).int()
-        accepted = int(torch.cumprod(match, 0).sum()) if match.numel() else 0
+        if prop.tree is not None:  # walk the tree by the continuation: the target's argmax at each depth
+            truth = ids[0, seq.start + 1:].tolist()
+            depth = prop.tree.positions()
+            path, _ = walk(prop.tree, lambda row: truth[depth[row]] if depth[row] < len(truth) else -1)
+            accepted = len(path)
+        else:
+            truth = ids[0, seq.start + 1: seq.start + 1 + prop.drafts.numel()]
+            match = (prop.drafts[: truth.numel()] == truth).int()
+            accepted = int(torch.cumprod(match, 0).sum()) if match.numel() else 0
         # committed: the accepted drafts and the bonus, cut where the continuation ends (a stop token)
         committed = min(accepted + 1, p + len(continuation) - 1 - seq.start)
         if prop.drafts.numel():

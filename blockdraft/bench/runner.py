@@ -22,6 +22,7 @@ generation per method precedes the timed ones. Each generation becomes one `Reco
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 BASE_METHODS = ("no_draft", "hf_generate", "hf_prompt_lookup")
 _FULL_VOCAB: "weakref.WeakKeyDictionary[Pipeline, SpeculativeEngine]" = weakref.WeakKeyDictionary()
+_TREES: "weakref.WeakKeyDictionary[Pipeline, dict[str | int, SpeculativeEngine]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -56,6 +58,7 @@ class BenchSettings:
     # generate's default (the drafter with looked-up drafts), then the two baselines
     methods: tuple[str, ...] = ("dflash_ngram", "no_draft", "hf_generate")
     samplers: tuple[str, ...] = (DEFAULT_SAMPLER,)  # at T > 0; several: each DFlash method once per sampler
+    trees: tuple[str | int, ...] = ("off",)  # DFlash draft trees: "off", "auto", node budgets; several run side by side
     prompt_lookup_tokens: int = 10
     turns: int = 2                             # at most this many turns of multi-turn prompts
     seed: int = 0
@@ -97,8 +100,8 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
             for b in settings.block_sizes or (trained_block_size,):
                 if not 2 <= b <= trained_block_size:
                     raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
-                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") + suffix + sampler
-                          for v in settings.verify for sampler in _sampler_suffixes(settings)]
+                names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") + tree_suffix(t) + suffix + sampler
+                          for v in settings.verify for t in settings.trees for sampler in _sampler_suffixes(settings)]
         elif m in BASE_METHODS:
             names.append(m)
         elif m == "dflash_hf":
@@ -109,7 +112,22 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
     bad = [v for v in settings.verify if v not in VERIFY_MODES]
     if bad:
         raise InvalidArgumentError(f"verify mode {bad[0]!r}: expected one of {VERIFY_MODES}")
+    for t in settings.trees:
+        DecodeOptions(tree=t)  # a bad tree setting fails here, naming itself
     return names
+
+
+def tree_suffix(tree: str | int) -> str:
+    """A tree setting's part of a method name: "" (off), "-tree8", "-treeauto"."""
+    return "" if tree == "off" else f"-tree{tree}"
+
+
+def method_tree(method: str) -> str | int:
+    """The tree setting of a method name (`tree_suffix`)."""
+    found = re.search(r"-tree(auto|\d+)", method)
+    if found is None:
+        return "off"
+    return "auto" if found.group(1) == "auto" else int(found.group(1))
 
 
 def resolved_sampler(sampler: str) -> str:
@@ -164,6 +182,13 @@ def _engine(pipe: Pipeline, method: str) -> SpeculativeEngine:
             _FULL_VOCAB[pipe] = SpeculativeEngine(pipe.target, pipe.drafter, draft_window=pipe.engine.draft_window,
                                                    draft_vocab=False)
         return _FULL_VOCAB[pipe]
+    tree = method_tree(method)
+    if tree != "off":  # its own adaptive policy: a tree's deeper acceptance must not teach the chains' policy
+        engines = _TREES.setdefault(pipe, {})
+        if tree not in engines:
+            engines[tree] = SpeculativeEngine(pipe.target, pipe.drafter, draft_window=pipe.engine.draft_window,
+                                              draft_vocab=pipe.engine.draft_ids is not None)
+        return engines[tree]
     return pipe.engine
 
 
@@ -201,7 +226,8 @@ def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -
     sampling = SamplingParams(s.temperature, 0, s.top_p, seed, sampler=resolved_sampler(sampler or s.samplers[0]))
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
                          stop_token_ids=stops, sampling=sampling,
-                         verify="adaptive" if "-adaptive" in method else "fixed", ngram=method.endswith("-ngram"))
+                         verify="adaptive" if "-adaptive" in method else "fixed", ngram=method.endswith("-ngram"),
+                         tree=method_tree(method))
 
 
 def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[int], method: str,
@@ -281,10 +307,13 @@ def run_replay(pipe: Pipeline, prompts: list[Prompt], s: BenchSettings, rows: in
     out: dict[str, Any] = {"requests": len(ids), "new_tokens": sum(len(t) for t in continuations.values()),
                            "plain_seconds": now(pipe.target.device) - t0, "mean_acceptance_length": {}}
     for block in s.block_sizes or (pipe.drafter.config.block_size,):
-        options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, stop_token_ids=stops)
-        lengths = [replay_acceptance(pipe.engine, ids[i], continuations[i], options)
-                   for i in tqdm(range(len(ids)), desc=f"replay b{block}", unit="prompt", dynamic_ncols=True)]
-        out["mean_acceptance_length"][f"b{block}"] = mean_acceptance_length(lengths)
+        for tree in s.trees:
+            options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, stop_token_ids=stops,
+                                    tree=tree)
+            name = f"b{block}{tree_suffix(tree)}"
+            lengths = [replay_acceptance(pipe.engine, ids[i], continuations[i], options)
+                       for i in tqdm(range(len(ids)), desc=f"replay {name}", unit="prompt", dynamic_ncols=True)]
+            out["mean_acceptance_length"][name] = mean_acceptance_length(lengths)
     return out
 
 

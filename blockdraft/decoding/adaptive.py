@@ -44,6 +44,7 @@ import math
 
 import torch
 
+from blockdraft.decoding.tree import DraftTree, tested
 from blockdraft.errors import InvalidArgumentError
 
 PROBE_DRAFTS = 4  # a probe drafts this many slots
@@ -85,6 +86,12 @@ class AdaptiveVerify:
     @property
     def max_drafts(self) -> int:
         return self.cost.numel() - 1
+
+    @property
+    def max_nodes(self) -> int:
+        """Most tree nodes the policy prices: the verify cost curve's measured range (past it, `_at` would
+        extrapolate a cost the policy has never seen)."""
+        return self.max_drafts
 
     def rates(self, confidence: torch.Tensor) -> torch.Tensor:
         """(N,) estimated acceptance probability of each draft given the earlier ones were accepted."""
@@ -299,22 +306,69 @@ class AdaptiveVerify:
 
     def update(self, confidence: torch.Tensor, verified: int, accepted: int, drafter_s: float) -> None:
         """Learn from one speculative cycle: drafts 1..verified were tested in order, `accepted` passed."""
-        m = self.momentum
-        self._plan.clear()
-        self.drafter_s = drafter_s if self.drafter_s == 0.0 else m * self.drafter_s + (1 - m) * drafter_s
+        self._drafted(drafter_s)
         if not verified:
             return
         tested = min(accepted + 1, verified)  # draft k is tested only if 1..k-1 were accepted
-        b = (confidence[:tested].double().clamp(0, 1) * self.bins).long().clamp_max(self.bins - 1).cpu()
-        ones = torch.ones(tested, dtype=torch.float64)
-        hits = ones.clone()
+        hits = torch.ones(tested, dtype=torch.float64)
         hits[accepted:] = 0
-        self.tested.index_add_(0, b, ones)
+        self._calibrate(confidence[:tested], hits)
+        self._slots(tested, hits)
+
+    def tree_reach(self, tree: DraftTree, match: int = 0) -> torch.Tensor:
+        """(N,) estimated probability that each node of `tree` is reached, its whole path accepted: its parent's
+        times its own calibrated acceptance (`rates` of the drafter's probability of its token; a looked-up
+        node's: the match length's `ngram_rate`)."""
+        own = self.rates(torch.tensor(tree.probs, dtype=torch.float64)).tolist()
+        if tree.lookup:
+            own[: tree.lookup] = [self.ngram_rate(match)] * tree.lookup
+        reach = [1.0]  # the root
+        for parent, rate in zip(tree.parents, own):
+            reach.append(reach[parent] * rate)
+        return torch.tensor(reach[1:], dtype=torch.float64)
+
+    def tree_size(self, tree: DraftTree, rows: int = 1, match: int = 0) -> int:
+        """How many of the tree's first nodes to verify (0: a plain step): the prefix with the most expected
+        committed tokens per second, rows + the sum of its nodes' reach (`tree_reach`) over the verify of its
+        1 + n tokens (one of `rows` rows) and the drafter; the shortest within `tolerance` of the best."""
+        n_max = min(len(tree), self.max_nodes)
+        reach = self.tree_reach(tree.prefix(n_max), match)
+        committed = rows + torch.cat([reach.new_zeros(1), torch.cumsum(reach, 0)])
+        costs = torch.tensor([self.forward_cost(rows, 1 + n) for n in range(n_max + 1)], dtype=torch.float64)
+        return self._shortest_near_best((committed / (costs + self.drafter_s)).tolist())
+
+    def update_tree(self, tree: DraftTree, path: list[int], drafter_s: float) -> None:
+        """Learn from a tree cycle whose walk accepted the rows `path`: every node it tested (the children of
+        the root and of the accepted rows) calibrates the drafter's probabilities, and the depth it reached
+        counts in the slot history as that many accepted drafts of a chain as deep as the tree."""
+        self._drafted(drafter_s)
+        if not len(tree):
+            return
+        checked = [(i, hit) for i, hit in tested(tree, path) if i > tree.lookup]
+        if checked:
+            self._calibrate(torch.tensor([tree.probs[i - 1] for i, _ in checked], dtype=torch.float64),
+                            torch.tensor([float(hit) for _, hit in checked], dtype=torch.float64))
+        reached = len(path)
+        hits = torch.ones(min(reached + 1, tree.depth, self.max_drafts), dtype=torch.float64)
+        hits[reached:] = 0
+        self._slots(hits.numel(), hits)
+
+    def _drafted(self, drafter_s: float) -> None:
+        m = self.momentum
+        self._plan.clear()
+        self.drafter_s = drafter_s if self.drafter_s == 0.0 else m * self.drafter_s + (1 - m) * drafter_s
+
+    def _calibrate(self, probs: torch.Tensor, hits: torch.Tensor) -> None:
+        """Count drafts tested with the drafter's probabilities `probs`, accepted where `hits` is 1."""
+        b = (probs.double().clamp(0, 1) * self.bins).long().clamp_max(self.bins - 1).cpu()
+        self.tested.index_add_(0, b, torch.ones_like(hits))
         self.accepted.index_add_(0, b, hits)
-        # slot history: decay towards the prior, then count this cycle's tested slots
+
+    def _slots(self, tested: int, hits: torch.Tensor) -> None:
+        """Slot history: decay towards the prior, then count this cycle's `tested` slots and their hits."""
         for counts, base in ((self.slot_passed, self.prior[0]), (self.slot_tested, sum(self.prior))):
             counts.mul_(self.decay).add_((1 - self.decay) * base)
-        self.slot_tested[:tested] += ones
+        self.slot_tested[:tested] += 1
         self.slot_passed[:tested] += hits
 
 

@@ -93,21 +93,24 @@ class Batch:
             ids[i, n + 1:] = s.token  # padding after the real tokens: masked by position, rolled back
         lengths = [1 + p.drafts.numel() for p in props]
         features = any(s.speculative for s in states)
+        tree = _tree_layout(props, width, device)
         t1 = now(device)
         if self.batched:  # ragged: the rows' real tokens only go through the projections and MLPs
             view = None if active == list(range(len(active))) else active
             logits, feats = target.forward(ids, self.cache, [s.start for s in states], features=features,
-                                           rows=view, lengths=lengths)
+                                           rows=view, lengths=lengths, tree=tree)
             logits = logits.split(lengths)
             feats = feats.split(lengths) if feats is not None else [None] * len(active)
         else:
-            logits, feats = target.forward(ids, self.cache, states[0].start, features=features)
+            logits, feats = target.forward(ids, self.cache, states[0].start, features=features, tree=tree)
             feats = [None] * len(active) if feats is None else feats
         if engine.policy is not None and any(s.policy is not None for s in states):
             engine.policy.observe(sum(lengths), now(device) - t1, rows=len(active))
         committed = {}
         for i, (r, s, p) in enumerate(zip(active, states, props)):
+            start = s.start
             committed[r] = engine.settle(s, p, logits[i], feats[i] if s.speculative else None)
+            target.keep_path(self.cache, start, p.path, **self._row(r))
             target.rollback(self.cache, s.start, **self._row(r))
         elapsed = now(device) - t0
         for s in states:
@@ -117,6 +120,23 @@ class Batch:
             engine.policy.cycle_done(len(active), cycle_kind(props), sum(map(len, committed.values())),
                                      elapsed - sum(p.context_s for p in props))
         return committed
+
+
+def _tree_layout(props: list[Proposal], width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The verify layout of a batch where some rows propose trees: (depths (b, width), visible (b, width,
+    width)); rows with chains (and every row's padding) keep positions in order and causal visibility.
+    None when no row has a tree."""
+    layouts = [p.layout() for p in props]
+    if all(layout is None for layout in layouts):
+        return None
+    depths = torch.arange(width).repeat(len(props), 1)
+    visible = torch.ones(width, width, dtype=torch.bool).tril().repeat(len(props), 1, 1)
+    for i, layout in enumerate(layouts):
+        if layout is not None:
+            n = len(layout[0])
+            depths[i, :n] = torch.tensor(layout[0])
+            visible[i, :n, :n] = layout[1]
+    return depths.to(device), visible.to(device)
 
 
 def cycle_kind(props: list[Proposal]) -> str | None:
@@ -157,7 +177,7 @@ class BatchEngine:
         if any(s.policy is not None for s in states):
             self.engine.calibrate_batch(rows)
         longest = max((len(s.prompt) + s.options.max_new_tokens for s in states), default=1)
-        batch = Batch(self.engine, rows, capacity=longest + max(s.block for s in states) + 1)
+        batch = Batch(self.engine, rows, capacity=longest + max(self.engine.verify_tokens(s.options) for s in states) + 1)
         index: dict[int, int] = {}  # row -> request index
         tokens: dict[int, list[int]] = {}
         queue = iter(enumerate(states))

@@ -21,6 +21,7 @@ from blockdraft.decoding.gumbel import new_seed, race_choice, race_noise
 from blockdraft.decoding.lookup import NgramIndex
 from blockdraft.decoding.sampling import SamplingParams, new_generator, probabilities, sample_index, uniforms
 from blockdraft.decoding.stats import GenerationStats, now
+from blockdraft.decoding.tree import DraftTree, best_first, slot_candidates, walk
 from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
 from blockdraft.modeling.draft_vocab import draft_head
 from blockdraft.modeling.drafter import DraftCache, Drafter
@@ -29,6 +30,9 @@ from blockdraft.modeling.pair import pair_problems
 from blockdraft.modeling.target import TargetModel
 
 VERIFY_MODES = ("fixed", "adaptive")
+TREE_MODES = ("off", "auto")
+TREE_BUDGET = 32  # nodes of a tree="auto" tree (the adaptive policy verifies the prefix that pays)
+TREE_EXPECTED = "expected 'off', 'auto' or a node budget >= 1"
 
 
 @dataclass
@@ -57,6 +61,12 @@ class DecodeState:
     def speculative(self) -> bool:
         return self.block > 1
 
+    @property
+    def tree_budget(self) -> int:
+        """Nodes of this request's draft trees (0: chains)."""
+        tree = self.options.tree
+        return 0 if tree == "off" or not self.speculative else TREE_BUDGET if tree == "auto" else tree
+
 
 @dataclass
 class Proposal:
@@ -66,6 +76,16 @@ class Proposal:
     drafter_s: float                        # this cycle's drafting, without the context projection (see below)
     source: int = 0                         # 0: the drafter; n > 0: looked up after an n-token match
     context_s: float = 0.0                  # this request's share of projecting committed context (`_draft_hidden`)
+    tree: DraftTree | None = None           # drafts as a tree (`blockdraft.decoding.tree`; drafts = its tokens)
+    match: int = 0                          # a tree's looked-up branch (tree.lookup nodes) follows an n-token match
+    path: list[int] = field(default_factory=list)  # the tree rows the target accepted (`settle`)
+
+    def layout(self) -> tuple[list[int], torch.Tensor] | None:
+        """A tree proposal's verify layout over [token, nodes]: (depth of every row, ancestors (N + 1, N + 1));
+        None for chains, trees that are one (verified causally, as usual) included."""
+        if self.tree is None or self.tree.is_chain():
+            return None
+        return self.tree.positions(), self.tree.ancestors()
 
 
 @dataclass(frozen=True)
@@ -77,14 +97,29 @@ class DecodeOptions:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verify: str = "fixed"  # "fixed": verify every draft of the block; "adaptive": see blockdraft.decoding.adaptive
     ngram: bool = False  # also draft by looking the context up (blockdraft.decoding.lookup) when that should commit more
+    # "off": verify a chain of drafts; N >= 1: a draft tree of N nodes from the drafter's pass (the adaptive
+    # policy verifies the prefix that pays); "auto": a tree of TREE_BUDGET nodes (blockdraft.decoding.tree)
+    tree: str | int = "off"
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_MODES:
             raise InvalidArgumentError(f"verify={self.verify!r}: expected one of {VERIFY_MODES}")
+        if not (self.tree in TREE_MODES or (isinstance(self.tree, int) and not isinstance(self.tree, bool)
+                                            and self.tree >= 1)):
+            raise InvalidArgumentError(f"tree={self.tree!r}: {TREE_EXPECTED}")
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise InvalidArgumentError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
         if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):
             raise InvalidArgumentError(f"block_size={self.block_size!r}: expected an integer >= 1")
+
+
+def parse_tree(text: str) -> str | int:
+    """A tree setting from text (a command line, a config): "off", "auto" or a node budget >= 1."""
+    if text in TREE_MODES:
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise InvalidArgumentError(f"tree={text!r}: {TREE_EXPECTED}")
 
 
 def check_pair(target: TargetModel, drafter: Drafter) -> None:
@@ -138,12 +173,17 @@ class SpeculativeEngine:
         while not seq.done:
             t0 = now(self.target.device)
             prop = self.propose(seq)
-            ids = torch.cat([torch.tensor([seq.token], device=self.target.device), prop.drafts])[None]
-            t1 = now(self.target.device)
-            logits, feats = self.target.forward(ids, cache, seq.start, features=seq.speculative)
+            device = self.target.device
+            ids = torch.cat([torch.tensor([seq.token], device=device), prop.drafts])[None]
+            layout = prop.layout()
+            tree = None if layout is None else (torch.tensor([layout[0]], device=device), layout[1][None].to(device))
+            t1 = now(device)
+            logits, feats = self.target.forward(ids, cache, seq.start, features=seq.speculative, tree=tree)
             if seq.policy is not None:
-                seq.policy.observe(ids.shape[1], now(self.target.device) - t1)
+                seq.policy.observe(ids.shape[1], now(device) - t1)
+            start = seq.start
             committed = self.settle(seq, prop, logits[0], None if feats is None else feats[0])
+            self.target.keep_path(cache, start, prop.path)
             self.target.rollback(cache, seq.start)
             seq.stats.decode_time += now(self.target.device) - t0
             yield committed
@@ -201,7 +241,10 @@ class SpeculativeEngine:
         them go through the LM head in one matmul (the head is most of a drafter call's weight traffic)."""
         rows = len(seqs) if rows is None else rows
         looked = self._lookups(seqs, rows)
-        lengths = [0 if p is not None else self._draft_length(s, rows) for s, p in zip(seqs, looked)]
+        # a request that drafts trees runs the drafter even when a lookup matched: the lookup joins its tree
+        lengths = [0 if p is not None and not s.tree_budget else self._draft_length(s, rows)
+                   for s, p in zip(seqs, looked)]
+        looked = [None if n > 0 else p for p, n in zip(looked, lengths)]
         before = [s.stats.drafter_time for s in seqs]
         drafting = [(s, n) for s, n in zip(seqs, lengths) if n > 0]
         if not drafting:
@@ -288,6 +331,8 @@ class SpeculativeEngine:
         if ids is None and vocab > self.target.vocab_size:  # never draft a padded LM-head column
             logits = logits.clone()
             logits[:, self.target.vocab_size:] = float("-inf")
+        if seq.tree_budget:
+            return self._tree_proposal(seq, logits, t0, head_s, spent, rows, context_s)
         q = None
         if params.greedy or params.draft == "greedy":
             drafts = logits.argmax(-1)
@@ -311,6 +356,42 @@ class SpeculativeEngine:
             prop.drafts, prop.q = drafts[:keep], None if q is None else q[:keep]
         return prop
 
+    def _tree_proposal(self, seq: DecodeState, logits: torch.Tensor, t0: float, head_s: float, spent: float,
+                       rows: int, context_s: float) -> Proposal:
+        """A draft tree (`blockdraft.decoding.tree`) from the drafter's logits (n, V') of one request: the best
+        `tree_budget` nodes under its slots' distributions (at T = 0 its plain softmax; when sampling, the
+        request's truncated distributions, ranked by the gumbel sampler's race where it has one); an adaptive
+        policy then keeps the prefix that pays. Timing arguments as `_proposal`."""
+        params, ids = seq.options.sampling, self.draft_ids
+        probs = torch.softmax(logits.float(), dim=-1) if params.greedy else probabilities(logits, params)
+        noise = None
+        if seq.seed is not None:
+            noise = self._noise(seq, seq.start + 1, logits.shape[0])
+            noise = noise if ids is None else noise[:, ids]
+        budget = min(seq.tree_budget, self.target.max_positions - seq.start - 1)  # its cache entries fit the context
+        log_probs, tokens = slot_candidates(probs, budget, noise)
+        branch, match = self._lookup(seq)
+        tree = best_first(log_probs.cpu(), tokens if ids is None else ids[tokens], budget, branch)
+        confidence = probs.amax(-1)
+        seq.stats.drafter_time += head_s + now(self.target.device) - t0
+        if seq.policy is not None:
+            tree = tree.prefix(seq.policy.tree_size(tree, rows, match))
+        return Proposal(tree.tokens, None, confidence, seq.stats.drafter_time - spent - context_s,
+                        context_s=context_s, tree=tree, match=match if tree.lookup else 0)
+
+    def _tree_choices(self, seq: DecodeState, tree: DraftTree, logits: torch.Tensor):
+        """The target's token at each row of a tree verify (logits (N + 1, V)) as a function of the row: its
+        argmax, its gumbel race winner (noise of the row's absolute position), or a draw with the request's
+        next uniform, made when the walk reaches the row."""
+        params = seq.options.sampling
+        if params.greedy:
+            return logits.argmax(-1).tolist().__getitem__
+        probs = probabilities(logits, params)
+        if seq.gen is None:
+            noise = self._noise(seq, seq.start + 1, tree.depth + 1)
+            return race_choice(probs, noise[tree.positions()]).tolist().__getitem__
+        return lambda row: int(sample_index(probs[row], uniforms(1, seq.gen, probs.device)[0]).item())
+
     def settle(self, seq: DecodeState, prop: Proposal, logits: torch.Tensor, feats: torch.Tensor | None) -> list[int]:
         """Verify `prop` against the target's logits (>= n+1, V) of [token, drafts]; commit; update state.
 
@@ -318,7 +399,12 @@ class SpeculativeEngine:
         """
         n, params = prop.drafts.numel(), seq.options.sampling
         seq.stats.target_forwards += 1
-        if params.greedy:
+        rows: list[int] | slice | None = None  # the verified rows whose features go to the drafter
+        if prop.tree is not None:  # walk the tree by the target's own tokens
+            prop.path, bonus = walk(prop.tree, self._tree_choices(seq, prop.tree, logits[: n + 1]))
+            a, rows = len(prop.path), [0, *prop.path]
+            drafts = prop.tree.tokens[[r - 1 for r in prop.path]]
+        elif params.greedy:
             a, bonus = greedy_verify(prop.drafts, logits[: n + 1])
         elif seq.gen is None:  # gumbel: accept a draft iff it is the target's own choice there
             choice = race_choice(probabilities(logits[: n + 1], params), self._noise(seq, seq.start + 1, n + 1))
@@ -329,13 +415,21 @@ class SpeculativeEngine:
             u = uniforms(n + 1, seq.gen, p.device)
             q = prop.q if prop.q is not None else p.new_zeros(0, p.shape[-1])
             a, bonus = speculative_verify(prop.drafts, q, p, u[:n], u[n])
+        if rows is None:
+            rows, drafts = slice(0, a + 1), prop.drafts[:a]
         if feats is not None:
-            seq.pending.append(feats[None, : a + 1].clone())  # not a view that keeps the whole batch alive
-        if seq.policy is not None and prop.source:
+            seq.pending.append(feats[None, rows].clone())  # not a view that keeps the whole batch alive
+        if seq.policy is not None and prop.tree is not None:
+            seq.policy.update_tree(prop.tree, prop.path, prop.drafter_s)
+            if prop.match:  # the looked-up branch: its drafts pass in order while the walk follows it
+                on_branch = min(next((k for k, r in enumerate(prop.path) if r != k + 1), len(prop.path)),
+                                prop.tree.lookup)
+                seq.policy.update_ngram(prop.match, prop.tree.lookup, on_branch)
+        elif seq.policy is not None and prop.source:
             seq.policy.update_ngram(prop.source, n, a)
         elif seq.policy is not None and prop.confidence is not None:
             seq.policy.update(prop.confidence, n, a, prop.drafter_s)
-        committed = prop.drafts[:a].tolist() + [bonus]
+        committed = drafts.tolist() + [bonus]
         stop = seq.options.stop_token_ids
         for i, t in enumerate(committed):
             if t in stop:
@@ -343,8 +437,8 @@ class SpeculativeEngine:
                 break
         if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
             seq.stats.acceptance_lengths.append(len(committed))
-            seq.stats.drafted.append(n)
-            seq.stats.sources.append(prop.source)
+            seq.stats.drafted.append(n if prop.tree is None else prop.tree.depth)  # a tree: its deepest draft
+            seq.stats.sources.append(prop.match or prop.source)
         if seq.ngram is not None:
             seq.ngram.extend(committed)
         seq.start += len(committed)
@@ -358,10 +452,22 @@ class SpeculativeEngine:
         return (seq.remaining > 0 and seq.token not in seq.options.stop_token_ids
                 and seq.start < self.target.max_positions)
 
+    @property
+    def verify_range(self) -> int:
+        """The most tokens a verify forward holds: the root and a block of drafts or a tree of TREE_BUDGET nodes
+        (the reach of the measured cost curves)."""
+        return max(self.drafter.config.block_size, TREE_BUDGET + 1)
+
+    def verify_tokens(self, options: DecodeOptions) -> int:
+        """The most tokens one of this request's verify forwards holds (cache room past its last token)."""
+        block = self.block_size(options)
+        tree = options.tree if isinstance(options.tree, int) else TREE_BUDGET
+        return block if block == 1 or options.tree == "off" else max(block, 1 + tree)
+
     def adaptive_policy(self) -> AdaptiveVerify:
         """The engine's adaptive verify policy, built on first use from the (cached) measured cost curve."""
         if self.policy is None:
-            self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.drafter.config.block_size))
+            self.policy = AdaptiveVerify(cached_cost_curve(self.target, self.verify_range))
         return self.policy
 
     def calibrate_batch(self, rows: int) -> None:
@@ -369,7 +475,7 @@ class SpeculativeEngine:
         batch size: cached like the one-row curve). Only fast-path targets decode in batches."""
         policy = self.adaptive_policy()
         if rows > 1 and rows not in policy.batch_cost and isinstance(self.target, FastTarget):
-            policy.set_batch_cost(rows, cached_cost_curve(self.target, self.drafter.config.block_size, rows=rows))
+            policy.set_batch_cost(rows, cached_cost_curve(self.target, self.verify_range, rows=rows))
 
     def _choose(self, logits: torch.Tensor, seq: DecodeState, position: int) -> int:
         """The token at absolute `position` from one row of logits (V,): argmax, or a draw from the truncated

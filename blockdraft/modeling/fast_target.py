@@ -17,7 +17,7 @@ from torch import nn
 
 from blockdraft.modeling.drafter import apply_rope, rms_norm
 from blockdraft.modeling.packing import PackedLinear, can_pack, fuse_linears
-from blockdraft.modeling.target import TargetModel
+from blockdraft.modeling.target import TargetModel, path_moves
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -106,10 +106,22 @@ class FastTarget(TargetModel):
     def rollback(cache: StaticKVCache, length: int, row: int = 0) -> None:
         cache.lengths[row] = min(cache.lengths[row], length)
 
+    @staticmethod
+    @torch.inference_mode()
+    def keep_path(cache: StaticKVCache, start: int, path: list[int], row: int = 0) -> None:
+        """`TargetModel.keep_path` for cache row `row` of the static cache."""
+        src, dst = path_moves(start, path)
+        if src is None:
+            return
+        for t in (cache.k[:, row], cache.v[:, row]):  # (layers, kv heads, capacity, d) views
+            device = t.device
+            t.index_copy_(2, dst.to(device), t.index_select(2, src.to(device)))
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int | Sequence[int], *,
                 features: bool = True, last_only: bool = False, rows: Sequence[int] | None = None,
-                lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                lengths: Sequence[int] | None = None,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tokens (b, q) of cache rows `rows` (default 0..b-1) at positions start[i]..start[i]+q-1.
 
         Returns logits (b, q or 1, V) and, when `features`, the selected layers' outputs (b, q, K*D).
@@ -119,6 +131,11 @@ class FastTarget(TargetModel):
         12 tokens' work, not 40), attention on the padded rows (padding sits after a row's real tokens, so
         causal masking hides it and the caller's rollback discards it). Logits (sum(lengths), V) and features
         (sum(lengths), K*D) then come flat, the rows' real tokens one after another.
+
+        With `tree` = (depths (b, q), visible (b, q, q) bool), each row's tokens are a draft tree: token j of
+        row i sits at position start[i] + depths[i, j] (the rotary embedding) but in cache slot start[i] + j,
+        and attends to the cache before start[i] and to the tokens t of its own row with visible[i, j, t] (its
+        ancestors and itself, `blockdraft.decoding.tree`). `keep_path` then moves the accepted ones into place.
         """
         b, q = input_ids.shape
         if lengths is not None and (last_only or len(lengths) != b or not all(1 <= n <= q for n in lengths)):
@@ -127,7 +144,8 @@ class FastTarget(TargetModel):
         span = max(starts) + q
         cache.ensure(span)
         device = input_ids.device
-        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device)  # (b, q)
+        slots = torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device)  # (b, q)
+        positions = slots if tree is None else slots - torch.arange(q, device=device) + tree[0]
         row_idx = torch.arange(b, device=device) if rows is None else torch.tensor(list(rows), device=device)
         contiguous = rows is None
         runs = [(0, b, 0)] if contiguous else _runs(list(rows))
@@ -137,7 +155,7 @@ class FastTarget(TargetModel):
             runs = [(lo, hi, first, span) for lo, hi, first in runs]
         mask = None
         if not (b == 1 and q == 1):  # additive, built once (SDPA would convert a boolean mask in every layer)
-            visible = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]
+            visible = _visible(slots, span, None if tree is None else tree[1])
             mask = torch.zeros(visible.shape, device=device, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
             mask = mask[:, None]  # (b, 1, q, span)
         # one slice per layer when the rows are 0..b-1 and share a start (a single request, or a prefill)
@@ -157,7 +175,7 @@ class FastTarget(TargetModel):
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             h = _rms_norm(layer.input_layernorm, x)
-            x = x + self._attention(i, layer, h, cache, positions, row_idx, runs, at, cos, sin, mask,
+            x = x + self._attention(i, layer, h, cache, slots, row_idx, runs, at, cos, sin, mask,
                                     None if lengths is None else (real, b, q), extra)
             x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
             if i in wanted:
@@ -168,7 +186,7 @@ class FastTarget(TargetModel):
         feats = torch.cat([captured[i] for i in self.feature_layer_ids], dim=-1) if features else None
         return self.lm_head(h), feats
 
-    def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor,
+    def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cache: StaticKVCache, slots: torch.Tensor,
                    row_idx: torch.Tensor, runs: list[tuple[int, int, int, int]], at: slice | None,
                    cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                    ragged: tuple[torch.Tensor | None, int, int] | None = None,
@@ -199,8 +217,8 @@ class FastTarget(TargetModel):
         if at is not None:
             cache.k[i, :b, :, at], cache.v[i, :b, :, at] = ks, vs
         else:
-            cache.k[i, row_idx[:, None], :, positions] = ks.transpose(1, 2)
-            cache.v[i, row_idx[:, None], :, positions] = vs.transpose(1, 2)
+            cache.k[i, row_idx[:, None], :, slots] = ks.transpose(1, 2)
+            cache.v[i, row_idx[:, None], :, slots] = vs.transpose(1, 2)
         keys, values = cache.k[i], cache.v[i]
 
         def attend(lo: int, hi: int, first: int, span: int, queries: slice) -> torch.Tensor:
@@ -232,6 +250,20 @@ class FastTarget(TargetModel):
             return mlp(h)
         gate, up = self._fused[i][1](h).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def _visible(slots: torch.Tensor, span: int, tree: torch.Tensor | None) -> torch.Tensor:
+    """(b, q, span) bool: which cache slots each query sees. Causal by slot; with `tree` (b, q, q), the cache
+    before each row's first slot plus the row's own tree slots that `tree` shows it."""
+    keys = torch.arange(span, device=slots.device)[None, None, :]
+    if tree is None:
+        return keys <= slots[:, :, None]
+    b, q = slots.shape
+    visible = (keys < slots[:, :1, None]).repeat(1, q, 1)
+    rows = torch.arange(b, device=slots.device)[:, None, None]
+    queries = torch.arange(q, device=slots.device)[None, :, None]
+    visible[rows, queries, slots[:, None, :]] = tree
+    return visible
 
 
 def _runs(rows: list[int]) -> list[tuple[int, int, int]]:

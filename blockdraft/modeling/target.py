@@ -130,17 +130,29 @@ class TargetModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: Any, start: int, *, features: bool = True,
-                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                last_only: bool = False,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run tokens (b, T) at positions start..start+T-1 through the target, extending `cache`.
 
         Returns logits (b, T, V) (or (b, 1, V) with `last_only`) and, when `features`, the captured
         layers' outputs concatenated on the feature axis, (b, T, K*D), in `feature_layer_ids` order.
+
+        With `tree` = (depths (1, T), visible (1, T, T) bool), the tokens are a draft tree (one row): token j
+        sits at position start + depths[0, j] but in cache entry start + j, and attends to the cache and to the
+        tokens t with visible[0, j, t] (`blockdraft.modeling.fast_target.FastTarget.forward`); `keep_path`
+        then moves the accepted ones into place.
         """
-        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+        mask = None
+        if tree is not None:
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"a tree verify on the Hugging Face path takes one row, not {input_ids.shape[0]}")
+            positions = start + tree[0]
+            mask = self._tree_mask(start, positions, tree[1])
         self._capture, self._captured = features, {}
         try:
-            out = self.model(input_ids=input_ids, position_ids=positions[None].expand(input_ids.shape[0], -1),
-                             cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+            out = self.model(input_ids=input_ids, position_ids=positions.expand(input_ids.shape[0], -1),
+                             attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
             self._capture = False
         if cache.get_seq_length() != start + input_ids.shape[1]:
@@ -157,9 +169,50 @@ class TargetModel:
         self._captured = {}
         return out.logits, feats
 
+    def _tree_mask(self, start: int, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor | dict:
+        """The additive 4D mask (1, 1, T, start + T) of a tree verify: the cache, then the tree's own `visible`
+        entries. For a model with sliding-window layers, a {layer type: mask} dict whose sliding masks also hide
+        keys `sliding_window` or more positions behind the query (as the model's own masks do)."""
+        device, q = positions.device, positions.shape[1]
+        seen = torch.cat([torch.ones(q, start, dtype=torch.bool, device=device), visible[0]], dim=1)  # (T, S)
+        key_pos = torch.cat([torch.arange(start, device=device), positions[0]])
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(allowed.shape, dtype=self.dtype, device=device).masked_fill_(
+                ~allowed, torch.finfo(self.dtype).min)[None, None]
+
+        types = set(getattr(self.config, "layer_types", None) or ())
+        window = getattr(self.config, "sliding_window", None)
+        if "sliding_attention" not in types or not window:
+            return additive(seen)
+        near = key_pos[None, :] > positions[0][:, None] - window
+        return {kind: additive(seen & near if kind == "sliding_attention" else seen) for kind in types}
+
+    @staticmethod
+    @torch.inference_mode()
+    def keep_path(cache: Any, start: int, path: list[int]) -> None:
+        """After a tree verify at `start` (the root in entry `start`, tree row i in entry start + i): move the
+        entries of the accepted rows `path` (in order) to start + 1, start + 2, ...; `rollback` then cuts
+        the rest."""
+        src, dst = path_moves(start, path)
+        if src is None:
+            return
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t.index_copy_(2, dst.to(t.device), t.index_select(2, src.to(t.device)))
+
     @staticmethod
     def rollback(cache: Any, length: int) -> None:
         """Drop cache entries past `length` tokens (transformers 5.24 wants a negative crop)."""
         extra = cache.get_seq_length() - length
         if extra > 0:
             cache.crop(-extra)
+
+
+def path_moves(start: int, path: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Cache entries (source, destination) that put the accepted tree rows `path` right after the root at
+    `start`; (None, None) when they already are (a chain, or the first rows of the tree)."""
+    if path == list(range(1, len(path) + 1)):
+        return None, None
+    return torch.tensor([start + r for r in path]), torch.arange(start + 1, start + 1 + len(path))

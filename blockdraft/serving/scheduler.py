@@ -125,12 +125,12 @@ class Scheduler:
         self.max_model_len, self.max_queue, self.max_queue_wait = max_model_len, max_queue, max_queue_wait
         self.prefill_chunk = prefill_chunk
         self.observer = observer or SchedulerObserver()
-        block = pipe.drafter.config.block_size if pipe.drafter is not None else 1
+        verify = self.engine.verify_range if pipe.drafter is not None else 1  # a block of drafts or a tree
         if max_batch > 1 and not isinstance(pipe.target, FastTarget):
             log.warning("%s has no fast path (Llama / Qwen2 / Qwen3): one request at a time (max_batch 1, not %d)",
                         type(pipe.target.model).__name__, max_batch)
             max_batch = 1
-        self.batch = Batch(self.engine, max_batch, capacity=max_model_len + block + 1)
+        self.batch = Batch(self.engine, max_batch, capacity=max_model_len + verify + 1)
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}  # row -> job
         self.accepting = True
