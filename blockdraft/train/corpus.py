@@ -64,9 +64,7 @@ def import_conversations(sources: list[str], folder: str | Path, heldout_percent
             seen.add(chat.fingerprint())
             uses[chat.id] += 1  # different chats under one id (sources reuse ids) stay apart
             record_id = chat.id if uses[chat.id] == 1 else f"{chat.id}#{uses[chat.id]}"
-            first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
-            split = "heldout" if is_held_out(Prompt(chat.id, chat.messages[: first_user + 1], source),
-                                             heldout_percent) else "train"
+            split = "heldout" if is_held_out(chat.first_turn(), heldout_percent) else "train"
             buffer[split].append({"id": record_id, "source": source, "messages": messages})
             counts["conversations"] += 1
             counts["assistant_turns"] += sum(m["role"] == "assistant" for m in messages)

