@@ -161,3 +161,58 @@ def test_info_of_the_target_alone(capsys, tiny_target_dir):
     assert main(["info", "--target", str(tiny_target_dir), "--drafter", "none"]) == 0
     out = capsys.readouterr().out
     assert "target   " in out and "drafter" not in out and "match" not in out
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory):
+    """A tiny Qwen3.5 saved as the published checkpoints are (`Qwen3_5ForConditionalGeneration`: a text model
+    with linear-attention layers plus a vision tower) and a drafter in the published layout for it (sliding-window
+    draft layers, the MASK token from the target's tokenizer)."""
+    import transformers as tf
+
+    from blockdraft.modeling.config import DrafterConfig
+    from blockdraft.modeling.drafter import Drafter
+    from tests.conftest import tiny_family_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    text = tiny_family_model("qwen3_5", vocab=len(tok), dtype=torch.float32, head_scale=4.0).config.to_dict()
+    vision = tf.Qwen3_5VisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                                    patch_size=4, temporal_patch_size=2, spatial_merge_size=2)
+    torch.manual_seed(0)
+    model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(text_config=text, vision_config=vision.to_dict()))
+    target_dir = tmp_path_factory.mktemp("qwen3_5")
+    model.float().save_pretrained(target_dir)
+    tok.save_pretrained(target_dir)
+    target = TargetModel.from_pretrained(target_dir)
+    config = DrafterConfig.for_target(target.config_dict(), num_layers=3, block_size=8,
+                                      mask_token_id=tok.mask_token_id, sliding_window=16)
+    drafter = save_drafter(Drafter(config).init_weights(0).eval(), tmp_path_factory.mktemp("drafter") / "d")
+    return target_dir, drafter
+
+
+def test_a_hybrid_target_decodes_as_plain_decoding(capsys, hybrid_dirs):
+    """The issue's first try: `generate --drafter untrained` and `--no-draft` on a Qwen3.5 folder."""
+    target_dir, drafter_dir = hybrid_dirs
+    outputs = []
+    for extra in (["--drafter", "untrained"], ["--drafter", drafter_dir], ["--no-draft"]):
+        code, out, _ = run(capsys, "--target", target_dir, "--prompt", "hello there", "--max-new-tokens", 40,
+                           "--json", *extra)
+        assert code == 0
+        outputs.append(json.loads(out)["token_ids"])
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 40
+
+
+def test_info_of_a_hybrid_pair(capsys, hybrid_dirs):
+    target_dir, drafter_dir = hybrid_dirs
+    code = main(["info", "--target", str(target_dir), "--drafter", str(drafter_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for text in ("Qwen3_5ForConditionalGeneration: 4 layers (3 of them linear attention), hidden 32",
+                 "mask token 258 ('<mask>')", "+ states ", "match    yes"):
+        assert text in out, text
+
+
+def test_trees_on_a_hybrid_target_are_a_one_line_error(capsys, hybrid_dirs):
+    target_dir, drafter_dir = hybrid_dirs
+    code, _, err = run(capsys, "--target", target_dir, "--drafter", drafter_dir, "--prompt", "hi", "--tree", "8")
+    assert code == 2 and err.count("\n") == 1 and "verifies chains only (expected tree='off')" in err

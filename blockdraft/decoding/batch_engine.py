@@ -11,12 +11,13 @@
 Each row runs exactly the steps of `SpeculativeEngine` (`propose` / `settle`) with its own state and random
 generator, so a request decodes the same tokens as when it runs alone (bitwise equal where the batched
 matmuls are; tested in float64) and sampled rows keep the target's distribution. Padding tokens sit after a
-row's last real token, so causal masking hides them and the rollback discards them. Needs the fast path
-(Llama / Qwen2 / Qwen3); other targets decode the requests one after another.
+row's last real token, so causal masking hides them and the rollback discards them. The batched verify needs
+the fast path (Llama / Qwen2 / Qwen3); other targets (MoE, sliding-window, hybrid) keep a cache per row, made
+when a request takes the row and dropped when it leaves, and verify the rows one after another in the cycle
+(their drafts are still made in one drafter pass).
 """
 from __future__ import annotations
 
-import logging
 from typing import Iterator, Sequence
 
 import torch
@@ -27,15 +28,14 @@ from blockdraft.decoding.stats import GenerationStats, now
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.fast_target import FastTarget
 
-log = logging.getLogger(__name__)
-
 
 class Batch:
     """Cache rows that requests join and leave between cycles (continuous batching), one cycle at a time.
 
     A caller (`BatchEngine.run`, the server's scheduler) decides who runs: `admit` a request into a free row,
     `prefill` it (whole, or a chunk at a time), run `cycle` for every prefilled row, `release` a row when its
-    request ends. Targets without the fast path hold one row (their cache is not batched).
+    request ends. On the fast path the rows share one static cache; other targets get a cache per row (a hybrid
+    target's linear-attention states included), new on `admit`, freed on `release`.
     """
 
     def __init__(self, engine: SpeculativeEngine, rows: int, capacity: int) -> None:
@@ -43,11 +43,8 @@ class Batch:
             raise InvalidArgumentError(f"rows={rows!r}: expected an integer >= 1")
         self.engine, self.rows = engine, rows
         self.batched = isinstance(engine.target, FastTarget)
-        if rows > 1 and not self.batched:
-            raise InvalidArgumentError(f"rows={rows}: {type(engine.target).__name__} has no fast path, so it "
-                                       "decodes one row at a time (expected rows=1)")
-        self.cache = engine.target.new_cache(rows=rows, capacity=capacity) if self.batched \
-            else engine.target.new_cache()
+        self.cache = engine.target.new_cache(rows=rows, capacity=capacity) if self.batched else None
+        self.caches: list[object | None] = [None] * rows  # per row, without the fast path
         self.states: list[DecodeState | None] = [None] * rows
 
     def free_rows(self) -> list[int]:
@@ -61,14 +58,21 @@ class Batch:
         if self.states[row] is not None:
             raise InvalidArgumentError(f"row {row} is taken: expected one of the free rows {self.free_rows()}")
         self.states[row] = state
-        self.engine.target.rollback(self.cache, 0, **self._row(row))
+        if self.batched:
+            self.engine.target.rollback(self.cache, 0, row=row)
+        else:
+            self.caches[row] = self.engine.target.new_cache()
 
     def prefill(self, row: int, chunk: int | None = None) -> list[int]:
         """The next piece of row `row`'s prompt (all of it without `chunk`); [first token] after the last."""
-        return self.engine.prefill(self.states[row], self.cache, chunk=chunk, **self._row(row))
+        return self.engine.prefill(self.states[row], self._cache(row), chunk=chunk, **self._row(row))
 
     def release(self, row: int) -> None:
         self.states[row] = None
+        self.caches[row] = None
+
+    def _cache(self, row: int) -> object:
+        return self.cache if self.batched else self.caches[row]
 
     def _row(self, row: int) -> dict[str, int]:
         return {"row": row} if self.batched else {}
@@ -83,7 +87,8 @@ class Batch:
         device = target.device
         t0 = now(device)
         states = [self.states[r] for r in active]
-        props = engine.propose_many(states)
+        rows = len(active) if self.batched else 1  # how many rows share a verify forward
+        props = engine.propose_many(states, rows)
         width = 1 + max(p.drafts.numel() for p in props)
         ids = torch.empty(len(active), width, dtype=torch.long, device=device)
         for i, (s, p) in enumerate(zip(states, props)):
@@ -101,25 +106,40 @@ class Batch:
                                            rows=view, lengths=lengths, tree=tree)
             logits = logits.split(lengths)
             feats = feats.split(lengths) if feats is not None else [None] * len(active)
+            if engine.policy is not None and any(s.policy is not None for s in states):
+                engine.policy.observe(sum(lengths), now(device) - t1, rows=len(active))
         else:
-            logits, feats = target.forward(ids, self.cache, states[0].start, features=features, tree=tree)
-            feats = [None] * len(active) if feats is None else feats
-        if engine.policy is not None and any(s.policy is not None for s in states):
-            engine.policy.observe(sum(lengths), now(device) - t1, rows=len(active))
+            logits, feats = self._row_by_row(active, states, ids, lengths, tree, features)
         committed = {}
         for i, (r, s, p) in enumerate(zip(active, states, props)):
             start = s.start
             committed[r] = engine.settle(s, p, logits[i], feats[i] if s.speculative else None)
-            target.keep_path(self.cache, start, p.path, **self._row(r))
-            target.rollback(self.cache, s.start, **self._row(r))
+            target.keep_path(self._cache(r), start, p.path, **self._row(r))
+            target.rollback(self._cache(r), s.start, **self._row(r))
         elapsed = now(device) - t0
         for s in states:
             s.stats.decode_time += elapsed
         if engine.policy is not None and any(s.policy is not None for s in states):
             # projecting context committed in earlier cycles is not this cycle's cost (see `_draft_hidden`)
-            engine.policy.cycle_done(len(active), cycle_kind(props), sum(map(len, committed.values())),
+            engine.policy.cycle_done(rows, cycle_kind(props), sum(map(len, committed.values())),
                                      elapsed - sum(p.context_s for p in props))
         return committed
+
+    def _row_by_row(self, active: list[int], states: list[DecodeState], ids: torch.Tensor, lengths: list[int],
+                    tree: tuple[torch.Tensor, torch.Tensor] | None, features: bool) -> tuple[list, list]:
+        """The verify without the fast path: each row's real tokens through the target on its own cache.
+        Returns per row logits (n, V) and features (n, K*D) or None."""
+        engine, target = self.engine, self.engine.target
+        logits, feats = [], []
+        for i, (r, s, n) in enumerate(zip(active, states, lengths)):
+            t0 = now(target.device)
+            layout = None if tree is None else (tree[0][i:i + 1, :n], tree[1][i:i + 1, :n, :n])
+            out, f = target.forward(ids[i:i + 1, :n], self.caches[r], s.start, features=features, tree=layout)
+            if engine.policy is not None and s.policy is not None:
+                engine.policy.observe(n, now(target.device) - t0)
+            logits.append(out[0])
+            feats.append(None if f is None else f[0])
+        return logits, feats
 
 
 def _tree_layout(props: list[Proposal], width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -161,16 +181,7 @@ class BatchEngine:
         if len(opts) != len(prompts):
             raise InvalidArgumentError(f"{len(opts)} options for {len(prompts)} prompts: expected one each")
         states = [self.engine.begin(p, o, GenerationStats(1)) for p, o in zip(prompts, opts)]  # errors first
-        if not isinstance(self.engine.target, FastTarget):
-            yield from self._one_by_one(prompts, opts)
-            return
         yield from self._batched(states)
-
-    def _one_by_one(self, prompts: Sequence[list[int]], opts: list[DecodeOptions]):
-        log.info("target has no fast path: decoding %d requests one after another", len(prompts))
-        for i, (p, o) in enumerate(zip(prompts, opts)):
-            stats = GenerationStats(1)
-            yield i, [t for chunk in self.engine.decode(p, o, stats) for t in chunk], stats
 
     def _batched(self, states: list[DecodeState]) -> Iterator[tuple[int, list[int], GenerationStats]]:
         rows = min(self.rows, len(states))

@@ -195,6 +195,10 @@ class SpeculativeEngine:
         block = self.block_size(options)
         params = options.sampling
         speculative = block > 1
+        if speculative and options.tree != "off" and self.target.hybrid:
+            raise IncompatibleModelsError(
+                f"tree={options.tree!r}: {type(self.target.model).__name__} has linear-attention layers, whose "
+                "states follow one sequence, so it verifies chains only (expected tree='off')")
         gumbel = params.gumbel
         stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
         return DecodeState(

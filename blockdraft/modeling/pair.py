@@ -16,7 +16,7 @@ from blockdraft.errors import CheckpointError
 from blockdraft.modeling.checkpoint import read_config, weight_files
 from blockdraft.modeling.config import DrafterConfig
 from blockdraft.modeling.draft_vocab import read_draft_vocab
-from blockdraft.modeling.memory import kv_bytes_per_token
+from blockdraft.modeling.memory import attention_layers, kv_bytes_per_token, linear_state_bytes
 
 
 def pair_problems(drafter: DrafterConfig, hidden_size: int, num_layers: int, vocab_size: int) -> list[str]:
@@ -55,13 +55,15 @@ def target_summary(folder: str | Path) -> dict[str, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     folder = Path(folder)
-    cfg = AutoConfig.from_pretrained(folder).to_dict()
+    config = AutoConfig.from_pretrained(folder)
+    cfg = config.get_text_config().to_dict()  # a multimodal checkpoint (Qwen3.5) runs as its text model
     heads = cfg["num_attention_heads"]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return {
-        "folder": str(folder), "architecture": (cfg.get("architectures") or [cfg.get("model_type")])[0],
+        "folder": str(folder), "architecture": (config.architectures or [config.model_type])[0],
         "model_type": cfg.get("model_type"), "hidden_size": cfg["hidden_size"],
-        "num_hidden_layers": cfg["num_hidden_layers"], "num_attention_heads": heads,
+        "num_hidden_layers": cfg["num_hidden_layers"], "attention_layers": attention_layers(cfg),
+        "num_attention_heads": heads,
         "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
         "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads, "vocab_size": cfg["vocab_size"],
         "tokenizer_size": len(tokenizer), "chat_template": tokenizer.chat_template is not None,
@@ -69,7 +71,7 @@ def target_summary(folder: str | Path) -> dict[str, Any]:
         "parameters": _count(tensor_shapes(folder)) if folder.is_dir() else None,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "rope_theta": cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta"),
-        "_tokenizer": tokenizer,
+        "_tokenizer": tokenizer, "_config": cfg,
     }
 
 
@@ -86,13 +88,15 @@ def describe_pair(target: dict[str, Any], drafter: dict[str, Any] | None, *, con
     """One JSON-ready description of a pair: both sides, memory at `context` tokens in `dtype`, problems."""
     size = dtype.itemsize
     t = {k: v for k, v in target.items() if not k.startswith("_")}
-    kv = kv_bytes_per_token(t["num_hidden_layers"], t["num_key_value_heads"], t["head_dim"], size)
+    kv = kv_bytes_per_token(t["attention_layers"], t["num_key_value_heads"], t["head_dim"], size)
     memory = {"dtype": str(dtype).removeprefix("torch."), "context_tokens": context,
-              "target_parameters_bytes": (t["parameters"] or 0) * size, "target_kv_bytes_per_token": kv}
+              "target_parameters_bytes": (t["parameters"] or 0) * size, "target_kv_bytes_per_token": kv,
+              "target_state_bytes": linear_state_bytes(target["_config"], size)}
     out: dict[str, Any] = {"target": t, "memory": memory, "problems": [], "warnings": []}
     if drafter is not None:
         out.update(_drafter_part(target, drafter, memory, context, size))
-    memory["total_bytes"] = (memory["target_parameters_bytes"] + kv * context + memory.get("drafter_parameters_bytes", 0)
+    memory["total_bytes"] = (memory["target_parameters_bytes"] + kv * context + memory["target_state_bytes"]
+                             + memory.get("drafter_parameters_bytes", 0)
                              + memory.get("drafter_cache_bytes_per_token", 0) * context)
     return out
 
@@ -133,8 +137,10 @@ def format_pair(info: dict[str, Any]) -> str:
     """The human-readable form of `describe_pair`'s result."""
     t, m, mb = info["target"], info["memory"], 2**20
     params = f"{t['parameters'] / 1e6:.1f}M parameters" if t["parameters"] else "parameters unknown (not local)"
+    hybrid = (f" ({t['num_hidden_layers'] - t['attention_layers']} of them linear attention)"
+              if t["attention_layers"] < t["num_hidden_layers"] else "")
     lines = [f"target   {t['folder']}",
-             f"  {t['architecture']}: {t['num_hidden_layers']} layers, hidden {t['hidden_size']}, "
+             f"  {t['architecture']}: {t['num_hidden_layers']} layers{hybrid}, hidden {t['hidden_size']}, "
              f"{t['num_attention_heads']} heads / {t['num_key_value_heads']} KV heads x {t['head_dim']}, vocab "
              f"{t['vocab_size']} (tokenizer {t['tokenizer_size']}), {params}",
              f"  chat template: {'yes' if t['chat_template'] else 'no'}; sliding window: {t['sliding_window']}; RoPE "
@@ -154,6 +160,7 @@ def format_pair(info: dict[str, Any]) -> str:
     cache = m["target_kv_bytes_per_token"] + m.get("drafter_cache_bytes_per_token", 0)
     lines.append(f"memory   ({m['dtype']}, {m['context_tokens']} tokens) target {m['target_parameters_bytes'] / mb:.0f} "
                  f"MB + KV {m['target_kv_bytes_per_token'] * m['context_tokens'] / mb:.1f} MB"
+                 + (f" + states {m['target_state_bytes'] / mb:.1f} MB" if m["target_state_bytes"] else "")
                  + (f"; drafter {m['drafter_parameters_bytes'] / mb:.1f} MB + cache "
                     f"{m['drafter_cache_bytes_per_token'] * m['context_tokens'] / mb:.1f} MB" if "drafter" in info else "")
                  + f"; total {m['total_bytes'] / mb:.0f} MB ({cache / 1024:.1f} KiB of cache per token)")

@@ -1,7 +1,9 @@
-"""Target adapter over a Hugging Face causal LM (Llama, Qwen2, Qwen3 and look-alikes).
+"""Target adapter over a Hugging Face causal LM (Llama, Qwen2, Qwen3, their MoE and sliding-window look-alikes,
+and the Qwen3.5 / Qwen3.6 / Qwen3-Next hybrids with linear-attention layers).
 
 It runs the target with a KV cache, captures the outputs of the selected decoder layers with forward
-hooks (never all hidden states), exposes the frozen embedding and LM head, and rolls the cache back.
+hooks (never all hidden states), exposes the frozen embedding and LM head, and rolls the cache back (a hybrid's
+linear-attention states too: `blockdraft.modeling.recurrent`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from torch import nn
 
 from blockdraft.errors import IncompatibleModelsError
 from blockdraft.modeling.packing import can_pack, pack_linears
+from blockdraft.modeling.recurrent import StateRollback, check_mixers, hybrid_cache_class, linear_attention_layers
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,9 @@ class TargetModel:
         self.config = model.config
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.layers: nn.ModuleList = decoder.layers
+        check_mixers(self.config, self.layers, type(model).__name__)
+        # a hybrid target's linear-attention states, rolled back after each verify
+        self.states = StateRollback(self.layers) if linear_attention_layers(self.layers) else None
         self.feature_layer_ids: list[int] = []
         self._captured: dict[int, torch.Tensor] = {}
         self._capture = False
@@ -122,11 +128,16 @@ class TargetModel:
         return store
 
     # ---------------------------------------------------------------- running
+    @property
+    def hybrid(self) -> bool:
+        """Some layers are linear attention (their states are rolled back by `blockdraft.modeling.recurrent`)."""
+        return self.states is not None
+
     def new_cache(self, rows: int = 1, capacity: int = 0) -> Any:
         """An empty KV cache; a dynamic cache grows to any batch and length (`rows`, `capacity` are hints)."""
         from transformers import DynamicCache
 
-        return DynamicCache()
+        return hybrid_cache_class()(self.config) if self.hybrid else DynamicCache()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: Any, start: int, *, features: bool = True,
@@ -145,16 +156,24 @@ class TargetModel:
         positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
         mask = None
         if tree is not None:
+            if self.hybrid:
+                raise IncompatibleModelsError(
+                    f"{type(self.model).__name__} has linear-attention layers, whose states follow one sequence: "
+                    "draft trees are not supported on it (use --tree off)")
             if input_ids.shape[0] != 1:
                 raise ValueError(f"a tree verify on the Hugging Face path takes one row, not {input_ids.shape[0]}")
             positions = start + tree[0]
             mask = self._tree_mask(start, positions, tree[1])
         self._capture, self._captured = features, {}
+        if self.states is not None:
+            self.states.begin(cache, start)
         try:
             out = self.model(input_ids=input_ids, position_ids=positions.expand(input_ids.shape[0], -1),
                              attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
             self._capture = False
+            if self.states is not None:
+                self.states.end(cache)
         if cache.get_seq_length() != start + input_ids.shape[1]:
             import transformers
 
@@ -202,9 +221,12 @@ class TargetModel:
                 t = getattr(layer, name)
                 t.index_copy_(2, dst.to(t.device), t.index_select(2, src.to(t.device)))
 
-    @staticmethod
-    def rollback(cache: Any, length: int) -> None:
-        """Drop cache entries past `length` tokens (transformers 5.24 wants a negative crop)."""
+    def rollback(self, cache: Any, length: int) -> None:
+        """Drop cache entries past `length` tokens (transformers 5.24 wants a negative crop); a hybrid target's
+        linear-attention states go back to that length too (`StateRollback.rollback`)."""
+        if self.states is not None:
+            self.states.rollback(cache, length)
+            return
         extra = cache.get_seq_length() - length
         if extra > 0:
             cache.crop(-extra)

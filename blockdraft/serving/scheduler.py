@@ -127,9 +127,8 @@ class Scheduler:
         self.observer = observer or SchedulerObserver()
         verify = self.engine.verify_range if pipe.drafter is not None else 1  # a block of drafts or a tree
         if max_batch > 1 and not isinstance(pipe.target, FastTarget):
-            log.warning("%s has no fast path (Llama / Qwen2 / Qwen3): one request at a time (max_batch 1, not %d)",
-                        type(pipe.target.model).__name__, max_batch)
-            max_batch = 1
+            log.info("%s has no fast path (Llama / Qwen2 / Qwen3): its %d rows take turns in each cycle's verify",
+                     type(pipe.target.model).__name__, max_batch)
         self.batch = Batch(self.engine, max_batch, capacity=max_model_len + verify + 1)
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}  # row -> job

@@ -14,13 +14,7 @@ from blockdraft.decoding.tree import DraftTree
 from blockdraft.modeling.fast_target import FastTarget
 from tests.conftest import chain, tiny_drafter, tiny_hf_model
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny target's matmuls gain nothing from a second one (test_sampling_depth)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 FLAT = {q: 1.0 for q in range(1, 34)}  # verifying more costs nothing (a GPU)

@@ -19,14 +19,7 @@ VOCAB, ATOL = 96, 1e-10
 KINDS = ("hf", "fast")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: these models are tiny, and on a 2-core machine shared with another job a second
-    thread mostly spin-waits (test_sampling_depth)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_target(arch: str, kind: str, layers: int = 3) -> TargetModel:

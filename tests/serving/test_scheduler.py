@@ -275,17 +275,21 @@ def test_long_prompts_prefill_a_chunk_per_step_while_others_decode(pipe):
     assert_solo(pipe, f_events, prompt="abc", max_new_tokens=150, temperature=0.0)
 
 
-def test_a_target_without_the_fast_path_gets_one_row(caplog):
+def test_a_target_without_the_fast_path_keeps_a_cache_per_row(caplog):
+    """Rows take turns in each cycle's verify, each on its own cache: made on admission, freed on release."""
     slow = tiny_pipeline("qwen3", seed=2, fast=False)
-    with caplog.at_level(logging.WARNING, logger="blockdraft.serving.scheduler"):
+    with caplog.at_level(logging.INFO, logger="blockdraft.serving.scheduler"):
         sched = Scheduler(slow, max_batch=4, max_model_len=128)
-    assert sched.max_batch == 1 and not sched.batch.batched
-    assert "one request at a time (max_batch 1, not 4)" in caplog.text
-    jobs = [make_job(slow, n, prompt=f"p {n}", max_new_tokens=8, temperature=0.0) for n in ("a", "b")]
+    assert sched.max_batch == 4 and not sched.batch.batched
+    assert "its 4 rows take turns in each cycle's verify" in caplog.text
+    jobs = [make_job(slow, n, prompt=f"p {n}", max_new_tokens=8 + 3 * i, temperature=0.0)
+            for i, n in enumerate(("a", "b", "c"))]
     for job, _ in jobs:
         sched.submit(job)
     sched.step()
-    assert len(sched.running) == 1 and len(sched.waiting) == 1
+    assert len(sched.running) == 3 and not sched.waiting
+    assert sum(c is not None for c in sched.batch.caches) == 3
     step_until(sched, lambda: not sched.busy)
-    for n, (_, events) in zip(("a", "b"), jobs):
-        assert_solo(slow, events, prompt=f"p {n}", max_new_tokens=8, temperature=0.0)
+    assert sched.batch.caches == [None] * 4
+    for i, (n, (_, events)) in enumerate(zip(("a", "b", "c"), jobs)):
+        assert_solo(slow, events, prompt=f"p {n}", max_new_tokens=8 + 3 * i, temperature=0.0)

@@ -417,6 +417,26 @@ def answer(srv: BlockdraftServer, path: str, body: dict) -> tuple[str, int | Non
     return choice["message"]["content"] if "message" in choice else choice["text"], out["usage"]["completion_tokens"]
 
 
+def all_at_once(send: Callable[[int], Any], n: int) -> list[Any]:
+    """send(0) .. send(n - 1) on n threads released together; their results (or exceptions) in order."""
+    results: list[Any] = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = send(i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller's comparison
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
 def test_a_concurrent_burst_gets_what_each_request_gets_alone(server, ref, monkeypatch):
     expected = []
     for path, body in BURST:
@@ -427,22 +447,7 @@ def test_a_concurrent_burst_gets_what_each_request_gets_alone(server, ref, monke
     assert alone == expected
     before = scrape(server)
     slow_cycles(monkeypatch, server, 0.005)  # so that the requests overlap
-    results: list[Any] = [None] * len(BURST)
-    barrier = threading.Barrier(len(BURST))
-
-    def send(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = answer(server, *BURST[i])
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            results[i] = exc
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(BURST))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert results == expected
+    assert all_at_once(lambda i: answer(server, *BURST[i]), len(BURST)) == expected
     after = scrape(server)
 
     def delta(name: str, **labels: str) -> float:
@@ -452,6 +457,28 @@ def test_a_concurrent_burst_gets_what_each_request_gets_alone(server, ref, monke
     assert cycles > delta("blockdraft_cycle_rows_bucket", le="1.0")  # some cycles verified several rows at once
     assert delta("blockdraft_cycle_rows_bucket", le="4.0") == cycles  # never more than --max-batch 4
     assert not server.scheduler.busy and metric(after, "blockdraft_running_rows") == 0
+
+
+def test_a_hybrid_target_serves_concurrent_requests_as_each_alone():
+    """A Qwen3.5 target (linear-attention states rolled back every cycle) behind the official client: rows of
+    its own cache each, requests overlapping, every answer what the pipeline gives alone."""
+    srv = BlockdraftServer(tiny_pipeline("qwen3_5", seed=2), ("127.0.0.1", 0), model_id="tiny", max_batch=3).start()
+    try:
+        ref = tiny_pipeline("qwen3_5", seed=2)
+        prompts = [f"item {i}: " + "abc " * i for i in range(5)]
+        expected = [ref.generate(p, max_new_tokens=12 + 4 * i, temperature=0.0).text for i, p in enumerate(prompts)]
+
+        def send(i: int) -> str:
+            out = client(srv).completions.create(model="tiny", prompt=prompts[i], max_tokens=12 + 4 * i,
+                                                 temperature=0)
+            return out.choices[0].text
+
+        assert all_at_once(send, len(prompts)) == expected
+        chat = client(srv).chat.completions.create(model="tiny", messages=HI, max_tokens=10, temperature=0)
+        assert chat.choices[0].message.content == ref.generate(messages=HI, max_new_tokens=10, temperature=0.0).text
+        assert wait_for(lambda: srv.scheduler.batch.caches == [None] * 3)  # each row's states freed as it ended
+    finally:
+        srv.shutdown(timeout=5)
 
 
 # ---------------------------------------------------------------------- metrics
