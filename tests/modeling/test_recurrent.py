@@ -19,8 +19,10 @@ def hybrid(request) -> TargetModel:
 
 
 def states(cache) -> list[torch.Tensor]:
+    """Each linear-attention layer's convolution state (the last kernel-size inputs; the cache records more
+    until the next forward starts) and recurrent state."""
     return [t for layer in cache.layers if hasattr(layer, "recurrent_states")
-            for t in (layer.conv_states[0], layer.recurrent_states[0])]
+            for t in (layer.conv_states[0][..., -layer.conv_kernel_size[0]:], layer.recurrent_states[0])]
 
 
 @pytest.mark.parametrize("keep", [0, 1, 3, 6])
