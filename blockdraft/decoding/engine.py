@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
@@ -196,9 +196,11 @@ class SpeculativeEngine:
         params = options.sampling
         speculative = block > 1
         if speculative and options.tree != "off" and self.target.hybrid:
-            raise IncompatibleModelsError(
-                f"tree={options.tree!r}: {type(self.target.model).__name__} has linear-attention layers, whose "
-                "states follow one sequence, so it verifies chains only (expected tree='off')")
+            if options.tree != "auto":
+                raise IncompatibleModelsError(
+                    f"tree={options.tree!r}: {type(self.target.model).__name__} has linear-attention layers, whose "
+                    "states follow one sequence, so it verifies chains only (expected tree='off' or 'auto')")
+            options = replace(options, tree="off")  # "auto" picks what the target can verify: chains
         gumbel = params.gumbel
         stats.block_size, stats.prompt_tokens = block, len(prompt_ids)
         return DecodeState(

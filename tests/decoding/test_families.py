@@ -108,9 +108,11 @@ def test_a_batch_of_rows_equals_each_row_alone(name):
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
-def test_trees_are_refused_on_a_hybrid_target(name):
-    model = tiny_family_model(name)
+def test_a_hybrid_target_refuses_a_tree_size_and_verifies_chains_for_auto(name):
+    model = tiny_family_model(name, head_scale=4.0, seed=SEED)
     target = TargetModel(model)
     engine = SpeculativeEngine(target, tiny_drafter(target, block_size=BLOCK))
-    with pytest.raises(IncompatibleModelsError, match=r"tree=8: .* verifies chains only \(expected tree='off'\)"):
+    with pytest.raises(IncompatibleModelsError, match=r"tree=8: .* verifies chains only \(expected tree='off' or "):
         decode(engine, PROMPT, DecodeOptions(max_new_tokens=5, tree=8))
+    tokens, stats = decode(engine, PROMPT, DecodeOptions(max_new_tokens=NEW, tree="auto", ngram=True))
+    assert tokens == generate(model, PROMPT) and max(stats.acceptance_lengths) == BLOCK
