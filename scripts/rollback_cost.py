@@ -7,7 +7,7 @@ after a 256-token prompt: a verify of T tokens, then the cache back to the token
            tokens give their queries, keys and values again, the gate projections (hidden x heads) their gates,
            and the gated delta rule runs n steps from the recurrent state copied as the verify reached the layer;
 - rerun:   restore the states from before the verify and run each linear-attention layer alone again over its
-           kept inputs of the n tokens (all of its projections: a third of a Qwen3.5-0.8B layer's weights);
+           kept inputs of the n tokens (all of its projections: about half of a Qwen3.5-0.8B layer's weights);
 - forward: restore the states from before the verify and run the n tokens through the whole model again;
 - keep-all (a lower bound for keeping every position's state during the verify and picking the accepted one):
            only the copies of T recurrent and convolution states per linear-attention layer, not the kernel

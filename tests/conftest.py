@@ -40,13 +40,15 @@ HYBRIDS = FAMILIES[:3]
 
 
 def tiny_family_model(family: str, *, vocab: int = 96, layers: int = 4, hidden: int = 32,
-                      dtype: torch.dtype = torch.float64, seed: int = 0, head_scale: float = 1.0):
+                      dtype: torch.dtype = torch.float64, seed: int = 0, head_scale: float = 1.0,
+                      kinds: list[str] | None = None):
     """A random target of one of `FAMILIES`: hybrids have a full-attention layer after every three
-    linear-attention ones (the published pattern; always at least one of each), MoE layers 4 experts (2 active),
-    gpt-oss alternates sliding (window 4) and full attention with attention sinks."""
+    linear-attention ones (the published pattern; always at least one of each) unless `kinds` names each layer's
+    type, MoE layers 4 experts (2 active), gpt-oss alternates sliding (window 4) and full attention with
+    attention sinks."""
     import transformers as tf
 
-    kinds = ["full_attention" if i % 4 == 3 or i == layers - 1 else "linear_attention" for i in range(layers)]
+    kinds = kinds or ["full_attention" if i % 4 == 3 or i == layers - 1 else "linear_attention" for i in range(layers)]
     linear = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
                   layer_types=kinds)
     moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden // 2)

@@ -109,7 +109,7 @@ class Batch:
             if engine.policy is not None and any(s.policy is not None for s in states):
                 engine.policy.observe(sum(lengths), now(device) - t1, rows=len(active))
         else:
-            logits, feats = self._row_by_row(active, states, ids, lengths, tree, features)
+            logits, feats = self._row_by_row(active, states, ids, lengths, tree)
         committed = {}
         for i, (r, s, p) in enumerate(zip(active, states, props)):
             start = s.start
@@ -126,7 +126,7 @@ class Batch:
         return committed
 
     def _row_by_row(self, active: list[int], states: list[DecodeState], ids: torch.Tensor, lengths: list[int],
-                    tree: tuple[torch.Tensor, torch.Tensor] | None, features: bool) -> tuple[list, list]:
+                    tree: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[list, list]:
         """The verify without the fast path: each row's real tokens through the target on its own cache.
         Returns per row logits (n, V) and features (n, K*D) or None."""
         engine, target = self.engine, self.engine.target
@@ -134,7 +134,7 @@ class Batch:
         for i, (r, s, n) in enumerate(zip(active, states, lengths)):
             t0 = now(target.device)
             layout = None if tree is None else (tree[0][i:i + 1, :n], tree[1][i:i + 1, :n, :n])
-            out, f = target.forward(ids[i:i + 1, :n], self.caches[r], s.start, features=features, tree=layout)
+            out, f = target.forward(ids[i:i + 1, :n], self.caches[r], s.start, features=s.speculative, tree=layout)
             if engine.policy is not None and s.policy is not None:
                 engine.policy.observe(n, now(target.device) - t0)
             logits.append(out[0])

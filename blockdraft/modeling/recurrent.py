@@ -13,8 +13,8 @@ start = n of them): they are the new convolution state, and the convolution over
 queries, keys and values again; their gates come from the layer's two small gate projections (hidden size x
 heads) of the kept inputs; and the gated delta rule runs n steps from the copied state (the model's own
 kernels). Attention is causal, so all of it is exactly what feeding only the committed tokens would have given:
-no weight matrix of the layer is read again, which a re-run of the layer (a third of a Qwen3.5-0.8B layer's
-weights) or of the whole model would. Full-attention layers are cut as usual.
+no weight matrix of the layer is read again, which a re-run of the layer (about half of a Qwen3.5-0.8B
+layer's weights) or of the whole model would. Full-attention layers are cut as usual.
 """
 from __future__ import annotations
 

@@ -22,19 +22,19 @@ from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.modeling.target import TargetModel
 from tests.conftest import tiny_drafter, tiny_drafter_config, tiny_hf_model
 from tests.decoding.test_engine import PlantedDrafter, decode, hf_greedy, prompts
-from tests.decoding.test_sampling_depth import (  # noqa: F401  (pair, one_thread: fixtures)
+from tests.decoding.test_sampling_depth import (  # noqa: F401  (pair: a fixture)
     PASS,
     PROMPT as DEPTH_PROMPT,
     REJECT,
     Runs,
     exact,
-    one_thread,
     pair,
     solo,
 )
 from tests.modeling.test_target import _sliding_qwen2
 
 TREES = (2, 5, 16, "auto")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def curve(n: int = TREE_BUDGET + 1, slope: float = 0.02) -> dict[int, float]:

@@ -11,10 +11,19 @@ from blockdraft.modeling.target import TargetModel
 from tests.conftest import HYBRIDS, tiny_family_model
 
 
-@pytest.fixture(params=HYBRIDS)
+OTHER_PATTERN = ["full_attention", "linear_attention", "full_attention", "linear_attention", "linear_attention"]
+
+
+@pytest.fixture(params=[*HYBRIDS, "qwen3_5-other-pattern"])
 def hybrid(request) -> TargetModel:
-    target = TargetModel(tiny_family_model(request.param, layers=4))
-    target.set_feature_layers([0, 3])  # a linear-attention layer and the full-attention one
+    """Each hybrid family with the published pattern (3 linear-attention layers, then full attention), and
+    Qwen3.5 with another one (full attention first, linear attention last)."""
+    if request.param.endswith("-other-pattern"):
+        target = TargetModel(tiny_family_model("qwen3_5", layers=5, kinds=OTHER_PATTERN))
+        target.set_feature_layers([0, 4])
+    else:
+        target = TargetModel(tiny_family_model(request.param, layers=4))
+        target.set_feature_layers([0, 3])  # a linear-attention layer and the full-attention one
     return target
 
 
