@@ -6,7 +6,7 @@
 
 The first form runs `blockdraft serve` with the arguments after OUT.json and, when the server stops, writes
 one record per decode cycle: when it ended (epoch seconds), rows in the batch, rows that verified drafts and
-how many of them looked-up ones, tokens committed, seconds (and the parts of them spent proposing drafts and in
+how many of them looked-up ones, drafts verified (all rows), rows that verified a tree, tokens committed, seconds (and the parts of them spent proposing drafts and in
 the target's forward), whether the rows were contiguous in the cache, and the rows' positions (the longest,
 whose keys every row's attention reads, and the mean);
 and, next to it (OUT.policy.json), what the adaptive policy measured per batch size (`policy_state`). Use it
@@ -39,6 +39,7 @@ def record_cycles(out: Path) -> None:
     records: list[dict] = []
     policy: list[AdaptiveVerify | None] = [None]  # the server's policy, once a cycle has run
     cycle = Batch.cycle
+    proposals = keep_proposals()
     parts = time_parts({"propose": (SpeculativeEngine, "propose_many"), "forward": (FastTarget, "forward")})
 
     def timed(self: Batch, active: list[int] | None = None) -> dict[int, list[int]]:
@@ -54,6 +55,8 @@ def record_cycles(out: Path) -> None:
         records.append({"at": round(time.time(), 3), "rows": len(active), "seconds": time.perf_counter() - start,
                         "drafted": len(sources), "looked_up": sum(1 for x in sources if x),
                         "tokens": sum(map(len, committed.values())),
+                        "verified": sum(p.drafts.numel() for p in proposals),
+                        "trees": sum(1 for p in proposals if p.layout() is not None),
                         "contiguous": active == list(range(len(active))),
                         "span": max(starts, default=0), "mean_start": round(sum(starts) / max(len(starts), 1), 1),
                         **{f"{name}_s": round(seconds, 6) for name, seconds in parts.items()}})
@@ -69,6 +72,19 @@ def record_cycles(out: Path) -> None:
 
     Batch.cycle = timed
     atexit.register(save)
+
+
+def keep_proposals() -> list:
+    """Wrap `SpeculativeEngine.propose_many` to keep the last cycle's proposals in the returned list."""
+    kept: list = []
+    propose = SpeculativeEngine.propose_many
+
+    def keep(*args, **kwargs):
+        kept[:] = propose(*args, **kwargs)
+        return kept[:]
+
+    SpeculativeEngine.propose_many = keep
+    return kept
 
 
 def time_parts(methods: dict[str, tuple[type, str]]) -> dict[str, float]:
@@ -124,8 +140,18 @@ def summary(path: Path) -> str:
         seconds = sum(r["seconds"] for r in group)
         lines.append(f"  {rows:3d} rows {names[k]}: {len(group):5d} cycles, median "
                      f"{statistics.median(r['seconds'] for r in group) * 1000:6.1f} ms, "
-                     f"{sum(r['tokens'] for r in group) / seconds:6.1f} tok/s")
+                     f"{sum(r['tokens'] for r in group) / seconds:6.1f} tok/s{shape(group)}")
     return "\n".join(lines)
+
+
+def shape(group: list[dict]) -> str:
+    """The group's mean drafts verified and tokens committed per cycle, and its share of cycles where a row
+    verified a tree (records before session 26 have none of these: empty)."""
+    if not group or "verified" not in group[0]:
+        return ""
+    n = len(group)
+    return (f", {sum(r['verified'] for r in group) / n:5.1f} verified {sum(r['tokens'] for r in group) / n:5.2f} "
+            f"committed a cycle, trees in {sum(1 for r in group if r['trees']) / n:4.0%}")
 
 
 def levels(sweep_path: Path, records: dict[str, Path]) -> str:
