@@ -1,12 +1,22 @@
 """Atomic file writes and the blockdraft cache folder."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def cache_home() -> Path:

@@ -3,7 +3,9 @@ and drafter depth, every run at the same small compute, from random weights.
 
 Each run is `blockdraft train` (its own process, resumable: a killed run goes on from its last checkpoint when
 this script runs again) for COMPUTE sequence passes (steps x sequences x ANCHORS blocks each), with the epochs
-set so that the learning-rate schedule ends there whatever the data size. Then the engine's greedy acceptance
+set so that the learning-rate schedule ends there whatever the data size. w15 starts from the shipped
+drafter's weights instead of random ones: what a campaign that continues v1 on all the data gets from the
+same compute. Then the engine's greedy acceptance
 length is measured by replay (`blockdraft.bench.replay`: the engine's own cycles on plain decoding's greedy
 continuation, fixed verify, block 16, no lookups) on the first EVAL_PROMPTS MT-Bench and held-out ShareGPT first
 turns x EVAL_TOKENS; the continuations are decoded once and kept in the results folder.
@@ -30,7 +32,8 @@ IMPORTS = "data/imported/sharegpt"  # `blockdraft data import --source sharegpt 
 FEATURES = [1, 8, 14, 20, 27]  # v1's target layers, for every depth (one feature cache serves all runs)
 COMPUTE, BATCH, ANCHORS = 2400, 2, 64  # sequence passes per run, sequences per step, blocks per sequence
 EVAL_PROMPTS, EVAL_TOKENS = 40, 256  # per prompt set (MT-Bench, held-out ShareGPT)
-# name: (what it varies, data folders, sequences per folder (None: all), draft layers)
+V1 = "blockdraft/weights/smollm2-135m-instruct-dflash"
+# name: (what it varies, data folders, sequences per folder (None: all), draft layers[, initial weights])
 RUNS = {
     "r04": ("regenerated ~0.4M response tokens", [REGEN], 1400, 2),
     "r08": ("regenerated ~0.8M response tokens", [REGEN], 2800, 2),
@@ -39,6 +42,7 @@ RUNS = {
     "b15": ("both: regenerated + imported, target labels", [REGEN, IMPORTS], None, 2),
     "d3": ("regenerated, all, 3 draft layers", [REGEN], None, 3),
     "d4": ("regenerated, all, 4 draft layers", [REGEN], None, 4),
+    "w15": ("regenerated, all, from v1's weights (a warm start)", [REGEN], None, 2, V1),
 }
 
 BLOCKDRAFT = [sys.executable, "-m", "blockdraft.cli"]
@@ -52,7 +56,7 @@ def train_records(folder: str) -> int:
 
 
 def train_command(name: str, home: Path) -> list[str]:
-    _, folders, limit, layers = RUNS[name]
+    _, folders, limit, layers, *init = RUNS[name]
     sequences = sum(min(limit or 1 << 30, train_records(f) or limit or 0) for f in folders)
     target_labels = IMPORTS in folders
     cmd = [*BLOCKDRAFT, "train", "--out", str(home / "runs" / name),
@@ -64,6 +68,8 @@ def train_command(name: str, home: Path) -> list[str]:
         cmd += ["--data", folder]
     if limit:
         cmd += ["--limit", str(limit)]
+    if init:
+        cmd += ["--init", init[0]]
     if target_labels:  # the target's greedy tokens are the labels; its forward runs per batch
         cmd += ["--labels", "target", "--features", "online"]
     else:
@@ -122,7 +128,8 @@ def render(results: Path) -> None:
     (results / "scaling.md").write_text(
         f"Replayed greedy acceptance, block 16, fixed verify, no lookups, first {EVAL_PROMPTS} MT-Bench and "
         f"{EVAL_PROMPTS} held-out ShareGPT first turns x {EVAL_TOKENS} tokens; every run {COMPUTE} sequence passes "
-        f"({BATCH} sequences x {ANCHORS} blocks a step) from random weights (scripts/drafter_scaling.py).\n\n"
+        f"({BATCH} sequences x {ANCHORS} blocks a step), from random weights unless the run says otherwise "
+        f"(scripts/drafter_scaling.py).\n\n"
         + "\n".join(lines) + "\n")
 
 

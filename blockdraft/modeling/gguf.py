@@ -14,20 +14,12 @@ from typing import Any
 import torch
 
 from blockdraft.errors import CheckpointError
-from blockdraft.files import atomic_dir, cache_home
+from blockdraft.files import atomic_dir, cache_home, sha256_of
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # what we convert: the families our fast path runs
 MARKER = "blockdraft-source.json"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def convert_gguf(gguf: Path, dest: Path, source: dict[str, Any]) -> None:

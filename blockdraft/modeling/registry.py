@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from blockdraft.errors import CheckpointError, MissingDependencyError
-from blockdraft.files import cache_home
+from blockdraft.files import cache_home, sha256_of
 from blockdraft.modeling.device import default_device, parse_dtype
 from blockdraft.modeling.fast_target import FastTarget, supports_fast_path
-from blockdraft.modeling.gguf import convert_gguf, converted, gguf_target_dir, sha256_of
+from blockdraft.modeling.gguf import convert_gguf, converted, gguf_target_dir
 from blockdraft.modeling.target import TargetModel
 
 log = logging.getLogger(__name__)

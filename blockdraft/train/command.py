@@ -110,6 +110,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="fit the command into this many seconds (loading, features and steps; the final save and "
                         "eval come after): the schedule is re-planned from the measured step time")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    t.add_argument("--stash", default=None, metavar="DIR",
+                   help="also keep every checkpoint (weights, optimizer state, metrics) in DIR in pieces of at most "
+                        "32 MiB, the latest only, to commit; --resume restores it when --out has no checkpoint "
+                        "(a campaign going on on another machine)")
     t.add_argument("--seed", type=int, default=0, help="seed of the initial weights, anchors and negatives (default 0)")
     _device_args(t)
 
@@ -178,11 +182,14 @@ def _train(args: argparse.Namespace) -> Path:
     )
     from blockdraft.train.regenerate import encode_prompt
     from blockdraft.train.shards import read_split
+    from blockdraft.train.stash import restore_checkpoint
     from blockdraft.train.trainer import TrainConfig, Trainer, _checkpoints, new_drafter
 
     started = time.perf_counter()
     target = _load_target(args, pack=False)  # training reads dense weights (init, gradients through the LM head)
     out = Path(args.out)
+    if args.resume and args.stash and not _checkpoints(out):
+        restore_checkpoint(Path(args.stash), out)
     if args.resume and _checkpoints(out):
         drafter = load_drafter(_checkpoints(out)[-1] / "drafter", device=target.device).train()
     elif args.init:
@@ -219,7 +226,7 @@ def _train(args: argparse.Namespace) -> Path:
                       time_budget=None if args.time_budget is None else
                       args.time_budget - (time.perf_counter() - started),  # loading and features count too
                       attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
-                      distill=args.distill, distill_topk=args.distill_topk, labels=args.labels,
+                      distill=args.distill, distill_topk=args.distill_topk, labels=args.labels, stash=args.stash,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
     return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)

@@ -42,6 +42,7 @@ from blockdraft.train.distill import block_soft_targets
 from blockdraft.train.features import FeatureSource, OnlineFeatures
 from blockdraft.train.init import init_from_target
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
+from blockdraft.train.stash import stash_checkpoint
 from blockdraft.train.vocab import TrainVocab
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class TrainConfig:
     distill: float = 0.0          # weight of the teacher's top-k distribution in each slot's loss (0: labels only)
     distill_topk: int = 16
     labels: str = "data"          # "data": the data's tokens; "target": the target's greedy tokens (any text)
+    stash: str | None = None      # a folder that keeps every checkpoint in git-sized pieces (train.stash)
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
 
@@ -336,18 +338,24 @@ class Trainer:
             if step % cfg.save_every == 0 and step < last:
                 self.check_sync()
                 if self.rank == 0:
-                    save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints,
-                                    self.total_steps)
+                    self._save(step)
             bar.update(1)
         bar.close()
         if window:  # stopped by the time budget between log rows: the last steps are logged too
             self._log(_summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0))
         self.check_sync()
         if self.rank == 0:
-            save_checkpoint(out, step, self.drafter, self.optimizer, cfg, cfg.keep_checkpoints, self.total_steps)
+            self._save(step)
             save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
         self._evaluate(step)
         return out / "final"
+
+    def _save(self, step: int) -> None:
+        """A checkpoint of this step in the run folder, and in the stash folder when there is one."""
+        path = save_checkpoint(self.out, step, self.drafter, self.optimizer, self.cfg, self.cfg.keep_checkpoints,
+                               self.total_steps)
+        if self.cfg.stash:
+            stash_checkpoint(path, Path(self.cfg.stash), self.out / "metrics.jsonl")
 
     def _plan(self, step: int, elapsed: float, per_step: float, last: int) -> int:
         """Shrink the schedule so it ends within the time budget at the measured step time.

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 from blockdraft.api import Pipeline
 from blockdraft.cli import main
@@ -6,13 +7,18 @@ from blockdraft.modeling.checkpoint import load_drafter
 from blockdraft.train.shards import ShardWriter
 
 
-def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
-    data = tmp_path / "data"
+def counting_chats(data: Path) -> Path:
+    """A data folder of 5 training chats and 1 held out, each answer counting up from 0."""
     chats = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"count to {i}"},
                                           {"role": "assistant", "content": " ".join(str(k) for k in range(i + 3))}]}
              for i in range(6)]
     ShardWriter(data, "train").add(chats[:5])
     ShardWriter(data, "heldout").add(chats[5:])
+    return data
+
+
+def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
+    data = counting_chats(tmp_path / "data")
     run = tmp_path / "run"
     args = ["train", "--target", str(tiny_target_dir), "--data", str(data), "--out", str(run), "--layers", "1",
             "--block-size", "4", "--max-anchors", "8", "--epochs", "2", "--features", "cache", "--log-every", "1",
