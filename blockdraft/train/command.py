@@ -110,6 +110,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="fit the command into this many seconds (loading, features and steps; the final save and "
                         "eval come after): the schedule is re-planned from the measured step time")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    t.add_argument("--autocast", choices=("auto", "bf16", "off"), default="auto",
+                   help="the drafter's forward in bfloat16 autocast (fp32 weights and optimizer): auto = on CUDA "
+                        "only (default); bf16 also on a CPU with native bf16 (AVX512-BF16, AMX)")
     t.add_argument("--stash", default=None, metavar="DIR",
                    help="also keep every checkpoint (weights, optimizer state, metrics) in DIR in pieces of at most "
                         "32 MiB, the latest only, to commit; --resume restores it when --out has no checkpoint "
@@ -227,6 +230,7 @@ def _train(args: argparse.Namespace) -> Path:
                       args.time_budget - (time.perf_counter() - started),  # loading and features count too
                       attention=args.attention, vocab=args.vocab, vocab_negatives=args.vocab_negatives,
                       distill=args.distill, distill_topk=args.distill_topk, labels=args.labels, stash=args.stash,
+                      autocast=args.autocast,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
     return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)

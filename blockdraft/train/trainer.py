@@ -77,6 +77,7 @@ class TrainConfig:
     distill_topk: int = 16
     labels: str = "data"          # "data": the data's tokens; "target": the target's greedy tokens (any text)
     stash: str | None = None      # a folder that keeps every checkpoint in git-sized pieces (train.stash)
+    autocast: str = "auto"        # "bf16": the drafter's forward in bfloat16 autocast; "off"; "auto": bf16 on CUDA
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
 
@@ -228,6 +229,9 @@ class Trainer:
         if teacher_k and not cfg.distill:
             raise InvalidArgumentError(f"features keep the teacher's top-{teacher_k} but distill=0: expected "
                                        "OnlineFeatures(teacher_k=0) without distillation")
+        if cfg.autocast not in ("auto", "bf16", "off"):
+            raise InvalidArgumentError(f"autocast={cfg.autocast!r}: expected 'auto', 'bf16' or 'off'")
+        self.bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and target.device.type == "cuda")
         if cfg.labels not in ("data", "target"):
             raise InvalidArgumentError(f"labels={cfg.labels!r}: expected 'data' or 'target'")
         greedy = getattr(features, "greedy", False)
@@ -265,7 +269,7 @@ class Trainer:
         feats = [self.features(s) for s in seqs]
         greedy = [self.features.greedy_tokens(s) for s in seqs] if self.cfg.labels == "target" else None
         device = self.target.device
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
         # the target labels that can occur: its greedy token before each supervised position
         labels = None if greedy is None else torch.cat([g[:-1][s.loss_mask[1:].bool()] for g, s in zip(greedy, seqs)])
         rows = self.vocab.rows(step, labels) if self.vocab else None

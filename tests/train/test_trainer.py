@@ -86,6 +86,25 @@ def test_target_labels_need_greedy_features_and_only_with_them(counter, tmp_path
         Trainer(TrainConfig(out=str(tmp_path), labels="typo"), counter, drafter, sequences(4), OnlineFeatures(counter))
 
 
+def test_bf16_autocast_trains_on_a_cpu_close_to_fp32(counter, tmp_path):
+    from blockdraft.errors import InvalidArgumentError
+
+    losses = {}
+    for autocast in ("off", "bf16"):
+        drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+        cfg = TrainConfig(out=str(tmp_path / autocast), epochs=1, max_anchors=8, log_every=1, save_every=10_000,
+                          eval_prompts=0, autocast=autocast)
+        Trainer(cfg, counter, drafter, sequences(6), OnlineFeatures(counter)).run()
+        rows = (tmp_path / autocast / "metrics.jsonl").read_text().splitlines()
+        losses[autocast] = [json.loads(line)["loss"] for line in rows if "loss" in line]
+        assert drafter.dtype == torch.float32  # the weights (and AdamW's moments) stay fp32
+    assert losses["off"] != losses["bf16"]  # the forward did run in bf16 ...
+    assert losses["off"] == pytest.approx(losses["bf16"], rel=0.05)  # ... and trains the same
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    with pytest.raises(InvalidArgumentError, match="autocast='fp16'"):
+        Trainer(TrainConfig(out=str(tmp_path), autocast="fp16"), counter, drafter, sequences(4), OnlineFeatures(counter))
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
