@@ -11,6 +11,7 @@ The drafter owns no embedding and no LM head: the target's are used (frozen).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
@@ -22,7 +23,19 @@ from blockdraft.modeling.config import DrafterConfig
 from blockdraft.modeling.packing import PackedLinear, can_pack, pack_linears
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (b, Hkv, C, d) each
-Mask = Union[torch.Tensor, BlockMask, None]  # dense bool (b, 1, Q, Kv), a flex BlockMask, or all visible
+
+
+@dataclass
+class GroupedMask:
+    """Dense masks per group of consecutive queries (training on a CPU, `train.blocks.grouped_mask_fn`): the
+    queries `q` of a group attend to the first `c` context keys and to the block keys at the same places as
+    themselves, `mask` (b, 1, |q|, c + |q|) over those keys. Every key left out is invisible to the group, so
+    the product over the kept ones is exact, and it skips most of a dense mask's hidden area."""
+
+    groups: list[tuple[slice, int, torch.Tensor]]  # (q, c, mask)
+
+
+Mask = Union[torch.Tensor, BlockMask, GroupedMask, None]  # dense bool (b, 1, Q, Kv), flex, grouped, or all visible
 MaskFn = Callable[[bool, Optional[int]], Mask]  # (causal, window) -> the mask of that layer kind
 
 
@@ -150,6 +163,11 @@ class Attention(nn.Module):
         gqa = self.n_heads != self.n_kv
         if isinstance(mask, BlockMask):
             out = _flex(q.device)(q, k, v, block_mask=mask, enable_gqa=gqa)
+        elif isinstance(mask, GroupedMask):
+            out = torch.cat([F.scaled_dot_product_attention(
+                q[:, :, qs], torch.cat([ctx[0][:, :, :c], k_blk[:, :, qs]], 2),
+                torch.cat([ctx[1][:, :, :c], v_blk[:, :, qs]], 2), attn_mask=m, enable_gqa=gqa)
+                for qs, c, m in mask.groups], dim=2)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))

@@ -80,8 +80,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "that every earlier slot is right (docs/training.md)")
     t.add_argument("--gamma", type=float, default=None,
                    help="decay of the slot weights (default: the paper's 7 / 5 / 4 for block 16 / 10 / 8)")
-    t.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto",
-                   help="training attention: flex_attention block masks (auto on CUDA) or dense masks + SDPA")
+    t.add_argument("--attention", choices=("auto", "sdpa", "grouped", "flex"), default="auto",
+                   help="training attention: flex_attention block masks (auto on CUDA), dense masks + SDPA cut into "
+                        "query groups (auto elsewhere), or whole dense masks + SDPA")
     t.add_argument("--features", choices=("online", "cache", "memory"), default="online",
                    help="online: run the target per batch; cache: once, to disk; memory: once, kept on the device")
     t.add_argument("--feature-cache", default=None, help="folder for --features cache (default RUN/features)")

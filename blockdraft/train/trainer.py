@@ -36,7 +36,7 @@ from blockdraft.modeling.checkpoint import load_drafter, save_drafter
 from blockdraft.modeling.config import DrafterConfig
 from blockdraft.modeling.drafter import Drafter, MaskFn
 from blockdraft.modeling.target import TargetModel
-from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, sample_anchors
+from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, grouped_mask_fn, sample_anchors
 from blockdraft.train.data import Sequence
 from blockdraft.train.distill import block_soft_targets
 from blockdraft.train.features import FeatureSource, OnlineFeatures
@@ -70,7 +70,7 @@ class TrainConfig:
     eval_max_new_tokens: int = 64
     max_steps: int | None = None  # stop early (the schedule still spans all epochs)
     time_budget: float | None = None  # seconds of training: the schedule is re-planned to end on time
-    attention: str = "auto"       # "flex" on CUDA, "sdpa" (dense masks) elsewhere
+    attention: str = "auto"       # "flex" on CUDA, "grouped" (dense masks cut into query groups) elsewhere
     vocab: str = "full"           # "full", or "data": the data's label tokens + `vocab_negatives` per step
     vocab_negatives: int = 2048
     distill: float = 0.0          # weight of the teacher's top-k distribution in each slot's loss (0: labels only)
@@ -101,6 +101,8 @@ def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
 
 
+# training attention: dense masks + SDPA (anywhere), the same cut into query groups (CPU), flex_attention (GPU)
+MASKS = {"sdpa": dense_mask_fn, "grouped": grouped_mask_fn, "flex": flex_mask_fn}
 PLAN_WARMUP_STEPS, PLAN_TIMED_STEPS = 5, 20  # a time budget re-plans the schedule from steps 6..25
 
 
@@ -126,7 +128,8 @@ def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], fe
                  greedy: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, Any]:
     """Draft logits (b, N*B, V) of anchored blocks of `seqs`, and the Blocks (labels, mask...).
 
-    attention: "sdpa" (dense boolean masks, runs anywhere) or "flex" (sparse BlockMasks, for GPUs).
+    attention: "sdpa" (dense boolean masks, runs anywhere), "grouped" (the same cut into query groups that
+    leave out the keys no query of theirs sees: CPUs) or "flex" (sparse BlockMasks, for GPUs).
     rows: score only these vocabulary ids (V = len(rows)); the labels are left as token ids.
     greedy: the target's greedy next tokens per sequence, for target labels (`build_blocks`).
     """
@@ -138,7 +141,7 @@ def block_logits(drafter: Drafter, target: TargetModel, seqs: list[Sequence], fe
     for i, f in enumerate(feats):
         padded[i, : f.shape[0]] = f.to(device, drafter.dtype)
     emb = target.embedding(blocks.input_ids.to(device)).to(drafter.dtype)
-    mask_fn = (flex_mask_fn if attention == "flex" else dense_mask_fn)(blocks, t, device)
+    mask_fn = MASKS[attention](blocks, t, device)
     hidden = (forward or BlockForward(drafter))(padded, emb, blocks.positions.to(device), mask_fn)
     return drafter.logits(hidden, target.lm_head, None if rows is None else rows.to(device)), blocks
 
@@ -211,10 +214,10 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.gamma = cfg.gamma or default_gamma(drafter.config.block_size)
-        if cfg.attention not in ("auto", "sdpa", "flex"):
-            raise InvalidArgumentError(f"attention={cfg.attention!r}: expected 'auto', 'sdpa' or 'flex'")
+        if cfg.attention not in ("auto", *MASKS):
+            raise InvalidArgumentError(f"attention={cfg.attention!r}: expected 'auto' or one of {list(MASKS)}")
         self.attention = cfg.attention if cfg.attention != "auto" else \
-            ("flex" if target.device.type == "cuda" else "sdpa")
+            ("flex" if target.device.type == "cuda" else "grouped")
         target.set_feature_layers(drafter.config.target_layer_ids)
         drafter.train()
         if cfg.vocab not in ("full", "data"):

@@ -1,6 +1,14 @@
 import torch
 
-from blockdraft.train.blocks import IGNORE, anchor_candidates, block_mask, build_blocks, sample_anchors
+from blockdraft.train.blocks import (
+    IGNORE,
+    anchor_candidates,
+    block_mask,
+    build_blocks,
+    dense_mask_fn,
+    grouped_mask_fn,
+    sample_anchors,
+)
 
 MASK = 99
 
@@ -68,3 +76,19 @@ def test_target_labels_follow_the_target_only_while_the_text_agrees_with_it():
     # block at 1: slot 1 -> 12 (agrees), slot 2 -> 50 (the target's choice), slot 3 dropped (the text left
     # the target's path at slot 2); block at 3: slot 1 -> 14, slot 2 -> 51, slot 3 dropped
     assert b.labels.tolist() == [[IGNORE, 12, 50, IGNORE, IGNORE, 14, 51, IGNORE]]
+
+
+def test_grouped_masks_keep_each_runs_visible_keys_only():
+    seqs = [torch.arange(30), torch.arange(12)]
+    anchors = [torch.tensor([2, 9, 17, 25]), torch.tensor([1, 6])]  # the second row pads slots 2, 3 (anchor 0)
+    blocks = build_blocks(seqs, [torch.ones(30), torch.ones(12)], anchors, 3, 99, 30)
+    dense = dense_mask_fn(blocks, 30, torch.device("cpu"))(False, None)  # (2, 1, 12, 30 + 12)
+    grouped = grouped_mask_fn(blocks, 30, torch.device("cpu"), groups=3)(False, None)
+    assert [(q.start, q.stop, c) for q, c, _ in grouped.groups] == [(0, 3, 2), (3, 9, 17), (9, 12, 25)]
+    for q, c, m in grouped.groups:
+        assert m.shape == (2, 1, q.stop - q.start, c + q.stop - q.start)
+        assert torch.equal(m, torch.cat([dense[:, :, q, :c], dense[:, :, q, 30 + q.start:30 + q.stop]], dim=-1))
+        left_out = dense[:, :, q].clone()
+        left_out[..., :c] = False
+        left_out[..., 30 + q.start:30 + q.stop] = False
+        assert not left_out.any()  # every key a group leaves out is hidden from all its queries

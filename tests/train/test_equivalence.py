@@ -39,7 +39,8 @@ def test_tied_targets_use_their_real_head():
 
 
 @pytest.mark.parametrize("sliding", [None, 3])
-def test_flex_block_masks_give_the_dense_results(sliding):
+@pytest.mark.parametrize("attention", ["flex", "grouped"])
+def test_flex_and_grouped_masks_give_the_dense_results(sliding, attention, monkeypatch):
     target = TargetModel(tiny_hf_model("qwen3"))
     drafter = tiny_drafter(target, layers=2, block_size=4, sliding_window=sliding)
     target.set_feature_layers(drafter.config.target_layer_ids)
@@ -48,7 +49,20 @@ def test_flex_block_masks_give_the_dense_results(sliding):
             for i, n in enumerate((19, 12))]
     anchors = [torch.tensor([0, 5, 6, 15]), torch.tensor([3, 4])]
     feats = [OnlineFeatures(target)(s) for s in seqs]
-    with torch.no_grad():  # flex_attention has no CPU backward; on CPU it only serves this check
-        dense, _ = block_logits(drafter, target, seqs, feats, anchors, attention="sdpa")
-        flex, _ = block_logits(drafter, target, seqs, feats, anchors, attention="flex")
-    assert torch.allclose(dense, flex, atol=1e-8)
+    monkeypatch.setattr("blockdraft.train.blocks.GROUPS", 3)  # runs of 1, 2 and 1 blocks
+    if attention == "flex":
+        with torch.no_grad():  # flex_attention has no CPU backward; on CPU it only serves this check
+            dense, _ = block_logits(drafter, target, seqs, feats, anchors, attention="sdpa")
+            other, _ = block_logits(drafter, target, seqs, feats, anchors, attention=attention)
+        assert torch.allclose(dense, other, atol=1e-8)
+        return
+    grads = []
+    for kind in ("sdpa", attention):
+        drafter.zero_grad()
+        logits, _ = block_logits(drafter, target, seqs, feats, anchors, attention=kind)
+        logits.square().mean().backward()
+        grads.append([p.grad.clone() for p in drafter.parameters()])
+        if kind == "sdpa":
+            dense = logits.detach()
+    assert torch.allclose(dense, logits, atol=1e-10)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(*grads))  # the backward too
