@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Drafter v2's training campaign on this CPU (issue 36; recipe and reasons in docs/training.md, "The v2 campaign").
+# One command for every session: it trains in the background on both cores and keeps its latest checkpoint
+# (weights, AdamW moments, step, metrics) in data/checkpoints/v2-campaign as pieces of at most 32 MiB, to commit at
+# the end of a session. On a fresh machine the same command restores that stash and goes on bitwise; the feature
+# cache is rebuilt first (~70 min for the 5,101 answers here).
+#
+#   nohup scripts/campaign.sh > /tmp/campaign.log 2>&1 &
+#   kill -STOP $(pgrep -f "train --out .*campaign/v2")      # pause it for a benchmark (never measure next to it)
+#   kill -CONT $(pgrep -f "train --out .*campaign/v2")      # and go on
+#
+# STAGE picks the schedule; a new stage starts from the previous stage's stash with a schedule of its own (the
+# data or the settings changed, so `--resume` would refuse the old checkpoint).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGE=${STAGE:-1}
+HOME_DIR=${BLOCKDRAFT_HOME:-$HOME/.cache/blockdraft}
+FEATURES=${FEATURES:-$HOME_DIR/scaling/features}  # the scaling runs' fp16 cache: layers 1,8,14,20,27 of every answer
+STASH=${STASH:-data/checkpoints/v2-campaign}
+REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
+V1=blockdraft/weights/smollm2-135m-instruct-dflash
+case "$STAGE" in
+  1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=6e-4 ;;
+  *) echo "campaign.sh: STAGE=$STAGE: expected 1" >&2; exit 2 ;;
+esac
+exec "${PY:-.venv/bin/python}" -m blockdraft.cli train --out "$HOME_DIR/campaign/v2-stage$STAGE" \
+    --stash "$STASH/stage$STAGE" --resume --init "$INIT" "${DATA[@]}" \
+    --layers 2 --block-size 16 --target-layer-ids 1,8,14,20,27 --loss acceptance --vocab data \
+    --max-anchors 64 --batch-size 2 --epochs "$EPOCHS" --lr "$LR" --max-len 1024 --autocast bf16 \
+    --features cache --feature-cache "$FEATURES" --save-every 250 \
+    --eval-every 1000 --eval-prompts 24 --eval-max-new-tokens 128 --seed 0 "$@"
