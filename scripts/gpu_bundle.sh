@@ -5,17 +5,25 @@
 #                                            (one device call carries at most 64 MiB)
 #   .gpu/b/whl/                              wheels the device machine lacks (registry downloads, pinned)
 #   .gpu/b/sharegpt-rest.jsonl.gz            ShareGPT first turns not yet answered in the data folder
-#   .gpu/b/init/                             the drafter training continues from (default: the shipped one)
+#   .gpu/b/init/                             the drafter training continues from (default: the shipped one; a
+#                                            campaign's stash such as data/checkpoints/v2-campaign/stage1 gives
+#                                            its latest step's drafter)
 #   .gpu/c/imported/                         IMPORT_LIMIT (4000) ShareGPT chats as written, all turns, for
 #                                            train --labels target (`blockdraft data import`; ~6 MB)
-# usage: [IMPORT_LIMIT=N] scripts/gpu_bundle.sh [INIT_DRAFTER_FOLDER]
+# usage: [IMPORT_LIMIT=N] scripts/gpu_bundle.sh [INIT_DRAFTER_FOLDER | STASH_FOLDER]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INIT=${1:-blockdraft/weights/smollm2-135m-instruct-dflash}
 DATA=data/regenerated/smollm2-135m-instruct-sharegpt
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "no .venv: run 'make run' first" >&2; exit 1; }
-[ -f "$INIT/model.safetensors" ] || { echo "$INIT: expected a drafter folder with model.safetensors" >&2; exit 1; }
+if compgen -G "$INIT/step-*/manifest.json" > /dev/null; then  # a campaign's stash (train --stash): its latest drafter
+    restored=$(mktemp -d)
+    trap 'rm -rf "$restored"' EXIT
+    INIT=$("$PY" -c "import sys; from pathlib import Path; from blockdraft.train.stash import restore_checkpoint
+print(restore_checkpoint(Path(sys.argv[1]), Path(sys.argv[2])) / 'drafter')" "$INIT" "$restored")
+fi
+[ -f "$INIT/model.safetensors" ] || { echo "$INIT: expected a drafter folder with model.safetensors, or a stash" >&2; exit 1; }
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init .gpu/c
 
 gguf=$("$PY" -c "from blockdraft.modeling.registry import DEFAULT_TARGET, EMBEDDED, locate_gguf; print(locate_gguf(EMBEDDED[DEFAULT_TARGET]))")
