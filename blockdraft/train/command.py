@@ -44,6 +44,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--heldout-percent", type=float, default=2.0,
                    help="split by the first user turn, as `regenerate` does (keep both the same)")
 
+    st = dsub.add_parser("stats", help="what data folders hold: answers and response tokens per kind and turn")
+    st.add_argument("folders", nargs="+", metavar="FOLDER", help="folders written by `data regenerate` or `data import`")
+    st.add_argument("--target", default=DEFAULT_TARGET,
+                    help=f"whose tokenizer counts the imported chats' answers (default {DEFAULT_TARGET})")
+    st.add_argument("--no-tokens", action="store_true", help="skip counting the imported answers' tokens")
+    st.add_argument("--json", action="store_true", help="one JSON row per line instead of a markdown table")
+
     t = sub.add_parser("train", help="train a DFlash drafter on regenerated data (or --plot a run)")
     t.add_argument("--data", action="append",
                    help="folder written by `blockdraft data regenerate` or `data import`; repeatable (held-out "
@@ -137,6 +144,14 @@ def run_data(args: argparse.Namespace) -> int:
     from blockdraft.prompts import load_prompts
     from blockdraft.train.regenerate import RegenSettings, followup_prompts, regenerate
 
+    if args.data_command == "stats":
+        from blockdraft.train.inventory import folder_kind, inventory, render_inventory
+
+        imported = not args.no_tokens and any(folder_kind(Path(f)) == "imported" for f in args.folders)
+        tokenizer = _tokenizer(args.target) if imported else None
+        rows = [row for folder in args.folders for row in inventory(folder, tokenizer)]
+        print("\n".join(json.dumps(r) for r in rows) if args.json else render_inventory(rows))
+        return 0
     if args.data_command == "import":
         from blockdraft.train.corpus import import_conversations
 
@@ -154,6 +169,14 @@ def run_data(args: argparse.Namespace) -> int:
                              chat_template_kwargs=kwargs)
     print(json.dumps(regenerate(_load_target(args, pack_choice(args)), prompts, args.out, settings)))
     return 0
+
+
+def _tokenizer(target: str):
+    from transformers import AutoTokenizer
+
+    from blockdraft.modeling.registry import resolve_target
+
+    return AutoTokenizer.from_pretrained(resolve_target(target))
 
 
 def run_train(args: argparse.Namespace) -> int:

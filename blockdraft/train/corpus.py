@@ -24,8 +24,7 @@ from tqdm import tqdm
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
 from blockdraft.prompts import Prompt, conversation, is_held_out, read_records
-from blockdraft.train.regenerate import SPLITS
-from blockdraft.train.shards import ShardWriter, shard_paths
+from blockdraft.train.shards import SPLITS, ShardWriter, shard_paths
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,10 @@ from blockdraft.files import atomic_path
 from blockdraft.modeling.fast_target import FastTarget, supports_fast_path
 from blockdraft.modeling.target import TargetModel
 from blockdraft.prompts import Prompt, conversation, is_held_out, read_records
-from blockdraft.train.shards import ShardWriter, read_split
+from blockdraft.train.shards import SPLITS, ShardWriter, read_split
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "heldout")
 
 
 @dataclass(frozen=True)

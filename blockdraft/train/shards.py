@@ -12,6 +12,8 @@ from typing import Any, Iterator
 
 from blockdraft.files import atomic_path
 
+SPLITS = ("train", "heldout")  # every data folder's splits; held-out records are never trained on
+
 
 def shard_paths(folder: Path, split: str) -> list[Path]:
     return sorted(Path(folder).glob(f"{split}-[0-9][0-9][0-9][0-9][0-9].jsonl.gz"))
