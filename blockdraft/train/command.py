@@ -113,7 +113,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="steps between engine acceptance evals on held-out prompts (default 0: at the end only)")
     t.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts per eval (default 8)")
     t.add_argument("--eval-max-new-tokens", type=int, default=64, help="new tokens per eval prompt (default 64)")
-    t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    t.add_argument("--max-steps", type=int, default=None,
+                   help="stop after this many optimiser steps (0: save and evaluate the initial drafter only)")
     t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="fit the command into this many seconds (loading, features and steps; the final save and "
                         "eval come after): the schedule is re-planned from the measured step time")

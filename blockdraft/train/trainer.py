@@ -68,7 +68,7 @@ class TrainConfig:
     eval_every: int = 0          # 0: only at the end
     eval_prompts: int = 8
     eval_max_new_tokens: int = 64
-    max_steps: int | None = None  # stop early (the schedule still spans all epochs)
+    max_steps: int | None = None  # stop early (the schedule still spans all epochs); 0: only save and evaluate
     time_budget: float | None = None  # seconds of training: the schedule is re-planned to end on time
     attention: str = "auto"       # "flex" on CUDA, "grouped" (dense masks cut into query groups) elsewhere
     vocab: str = "full"           # "full", or "data": the data's label tokens + `vocab_negatives` per step
@@ -232,6 +232,9 @@ class Trainer:
         if teacher_k and not cfg.distill:
             raise InvalidArgumentError(f"features keep the teacher's top-{teacher_k} but distill=0: expected "
                                        "OnlineFeatures(teacher_k=0) without distillation")
+        if cfg.max_steps is not None and cfg.max_steps < 0:
+            raise InvalidArgumentError(f"max_steps={cfg.max_steps}: expected a number of steps >= 0 (0: only save "
+                                       "and evaluate the initial drafter)")
         if cfg.autocast not in ("auto", "bf16", "off"):
             raise InvalidArgumentError(f"autocast={cfg.autocast!r}: expected 'auto', 'bf16' or 'off'")
         self.bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and target.device.type == "cuda")
@@ -307,7 +310,7 @@ class Trainer:
         if self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             _truncate_metrics(out / "metrics.jsonl", step)
-        last = min(self.total_steps, cfg.max_steps or self.total_steps)
+        last = self.total_steps if cfg.max_steps is None else min(self.total_steps, cfg.max_steps)
         bar = tqdm(total=last, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=self.rank != 0)
         window: list[dict[str, Any]] = []
         t0 = started = time.perf_counter()

@@ -105,6 +105,23 @@ def test_bf16_autocast_trains_on_a_cpu_close_to_fp32(counter, tmp_path):
         Trainer(TrainConfig(out=str(tmp_path), autocast="fp16"), counter, drafter, sequences(4), OnlineFeatures(counter))
 
 
+def test_max_steps_zero_only_saves_and_evaluates_the_initial_drafter(counter, tmp_path):
+    from blockdraft.errors import InvalidArgumentError
+
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    cfg = TrainConfig(out=str(tmp_path / "run"), epochs=1, max_anchors=4, max_steps=0, eval_prompts=2,
+                      eval_max_new_tokens=8)
+    prompts = [s.input_ids[:6].tolist() for s in sequences(2)]
+    Trainer(cfg, counter, drafter, sequences(4), OnlineFeatures(counter), prompts).run()
+    assert all(torch.equal(before[k], v) for k, v in drafter.state_dict().items())  # not one step taken
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "eval_acceptance_length" in r) for r in rows] == [(0, True)]  # the initial drafter's eval
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    with pytest.raises(InvalidArgumentError, match="max_steps=-1: expected a number of steps >= 0"):
+        Trainer(TrainConfig(out=str(tmp_path), max_steps=-1), counter, drafter, sequences(4), OnlineFeatures(counter))
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
