@@ -20,7 +20,7 @@ STASH=${STASH:-data/checkpoints/v2-campaign}
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 V1=blockdraft/weights/smollm2-135m-instruct-dflash
 case "$STAGE" in
-  1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=6e-4 ;;
+  1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 ;;
   *) echo "campaign.sh: STAGE=$STAGE: expected 1" >&2; exit 2 ;;
 esac
 exec "${PY:-.venv/bin/python}" -m blockdraft.cli train --out "$HOME_DIR/campaign/v2-stage$STAGE" \
