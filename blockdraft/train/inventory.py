@@ -13,6 +13,7 @@ from typing import Any
 
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.train.shards import SPLITS, read_split, shard_paths
+
 _TURN = re.compile(r"@turn(\d+)$")
 
 
