@@ -90,6 +90,7 @@ class Pipeline:
         self.untrained_drafter = untrained_drafter
         self.engine = SpeculativeEngine(target, drafter, draft_window=draft_window, draft_vocab=draft_vocab)
         self.tokenizer = target.tokenizer
+        self._draft_vocab = draft_vocab
 
     @classmethod
     def load(cls, target: str = DEFAULT_TARGET, drafter: str | Path | None = None, *,
@@ -140,6 +141,15 @@ class Pipeline:
         if tgt.packed:
             model.pack()
         return cls(tgt, model, untrained_drafter=untrained, draft_window=draft_window, draft_vocab=draft_vocab)
+
+    def with_drafter(self, drafter: str | Path) -> "Pipeline":
+        """A pipeline on this one's target (the same weights, not a copy) with another drafter folder, loaded in
+        the target's device and dtype, packed like it, with the same draft window and draft-vocabulary choice:
+        two drafters of one target side by side (`blockdraft bench --drafter A --drafter B`)."""
+        model = load_drafter(drafter, device=self.target.device, dtype=self.target.dtype)
+        if self.target.packed:
+            model.pack()
+        return type(self)(self.target, model, draft_window=self.engine.draft_window, draft_vocab=self._draft_vocab)
 
     def memory_report(self, context: int = 1024) -> dict[str, Any]:
         """Parameter and cache bytes of the target and the drafter at `context` tokens (see blockdraft.modeling.memory)."""

@@ -42,7 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark DFlash against plain decoding and peer baselines")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"short id, .gguf file, local folder or hub id "
                    f"(default {DEFAULT_TARGET})")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one for the target)")
+    p.add_argument("--drafter", action="append", default=None, metavar="[LABEL=]FOLDER",
+                   help="drafter folder (default: the shipped one for the target); repeat it to run every DFlash "
+                        "method (and --replay) once per drafter, side by side on the same target (names get an "
+                        "@LABEL suffix; LABEL defaults to the folder's name)")
     p.add_argument("--dataset", action="append", default=None,
                    help="mt-bench, humaneval, sharegpt-heldout, gsm8k, math500, mbpp or a JSONL file; repeatable "
                         "(default mt-bench)")
@@ -112,19 +115,21 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or (args.max_samples is not None and args.max_samples < 1) or args.turns < 1:
         raise InvalidArgumentError(f"max_new_tokens={args.max_new_tokens}, max_samples={args.max_samples}, "
                                    f"turns={args.turns}: expected integers >= 1")
+    drafters = drafter_labels(args.drafter or [])
     datasets = args.dataset or ["mt-bench"]
     prompts = {dataset_label(d): bench_prompts(d, args.max_samples, args.seed, args.local) for d in datasets}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = _server(args, prompts) if args.base_url else _local(args, prompts, out)
+    result = _server(args, prompts) if args.base_url else _local(args, prompts, out, drafters)
     _write(out, result)
     return 0
 
 
-def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dict[str, Any]:
+def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path, drafters: dict[str, str]
+           ) -> dict[str, Any]:
     from blockdraft.api import Pipeline
     from blockdraft.bench.report import cost_accounting, curve_context, plots, summaries
-    from blockdraft.bench.runner import method_names, run_batched, run_bench, run_replay
+    from blockdraft.bench.runner import method_names, register_drafters, run_batched, run_bench, run_replay
     from blockdraft.decoding.costs import report_cost_curve
 
     kwargs = {} if args.thinking == "default" else {"enable_thinking": args.thinking == "on"}
@@ -134,18 +139,20 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
                              prompt_lookup_tokens=args.prompt_lookup_tokens, turns=args.turns, seed=args.seed,
                              trees=tuple(args.tree),
                              chat_template_kwargs=kwargs)
-    pipe = Pipeline.load(args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile,
-                         pack=pack_choice(args), draft_vocab=not args.full_vocab_drafts)
+    pipe = Pipeline.load(args.target, next(iter(drafters.values()), None), device=args.device, dtype=args.dtype,
+                         compile=args.compile, pack=pack_choice(args), draft_vocab=not args.full_vocab_drafts)
+    labels = register_drafters(pipe, drafters) if len(drafters) > 1 else ()
     if args.replay:
         return _header(args, pipe, prompts, [], settings) | {"summaries": {}, "replay_by_dataset": {
             d: run_replay(pipe, ps, settings, args.batch or 16) for d, ps in prompts.items()}}
     if args.batch_only:
-        methods = method_names(settings, pipe.drafter.config.block_size if pipe.drafter is not None else None)
+        trained = pipe.drafter.config.block_size if pipe.drafter is not None else None
+        methods = method_names(settings, trained, labels)
         result = _header(args, pipe, prompts, methods, settings) | {"summaries": {}, "batch_by_dataset": {
             d: run_batched(pipe, {d: ps}, methods, settings, args.batch, args.batch_rounds) for d, ps in prompts.items()}}
         return result
     log.warning("bench: %s", settings_line(settings))
-    methods, records = run_bench(pipe, prompts, settings)
+    methods, records = run_bench(pipe, prompts, settings, drafters=labels)
     result = _header(args, pipe, prompts, methods, settings) | {
         "summaries": summaries(records, methods, compared_methods(methods, settings)),
         "records": [r.to_dict() for r in records],
@@ -160,6 +167,22 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path) -> dic
         result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
     result["plots"] = [p.name for p in plots(result, out)]
     return result
+
+
+def drafter_labels(values: list[str]) -> dict[str, str]:
+    """--drafter values ([LABEL=]FOLDER, in order) as {label: folder}; a label defaults to the folder's name."""
+    from blockdraft.bench.runner import check_drafter_label
+    from blockdraft.errors import InvalidArgumentError
+
+    out: dict[str, str] = {}
+    for value in values:
+        label, eq, folder = value.partition("=") if "=" in value else ("", "", value)
+        label = label if eq else Path(folder.rstrip("/")).name or folder
+        if label in out:
+            raise InvalidArgumentError(f"--drafter {value!r}: the label {label!r} is taken by {out[label]!r}; "
+                                       "expected distinct labels (write LABEL=FOLDER)")
+        out[check_drafter_label(label)] = folder
+    return out
 
 
 def compared_methods(methods: list[str], settings: Any) -> list[str]:
@@ -187,7 +210,8 @@ def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], metho
     from blockdraft.bench.report import environment
 
     return {"schema": "blockdraft.bench/1", "environment": environment(pipe.target.device, pipe.target.dtype),
-            "config": {"target": args.target, "drafter": args.drafter or "default", "compile": args.compile,
+            "config": {"target": args.target, "drafter": ",".join(args.drafter or ["default"]),
+                       "compile": args.compile,
                        "untrained_drafter": pipe.untrained_drafter,
                        "datasets": {d: len(p) for d, p in prompts.items()}, "methods": methods,
                        "measures": settings_line(settings),

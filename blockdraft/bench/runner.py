@@ -5,6 +5,8 @@ Methods (names as they appear in the results):
     dflash-bN-adaptive  the same, verifying only the draft prefix worth its cost (`blockdraft.decoding.adaptive`)
     dflash-...+S      with several --sampler values: the same method with sampler S (gumbel or rejection);
                       with one, names carry no suffix and every method samples with it
+    dflash-...@D      with several drafters (`register_drafters`): the same method with drafter D (its label);
+                      the first drafter is the pipeline's own
     dflash-bN[-adaptive]-fullvocab  the same, scoring drafts over the whole vocabulary rather than the drafter's
                       own draft vocabulary (methods: dflash_fullvocab; `blockdraft.modeling.draft_vocab`)
     dflash-hfpath     DFlash at the trained block size through the Hugging Face adapter instead of our fast
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 BASE_METHODS = ("no_draft", "hf_generate", "hf_prompt_lookup")
 _FULL_VOCAB: "weakref.WeakKeyDictionary[Pipeline, SpeculativeEngine]" = weakref.WeakKeyDictionary()
 _TREES: "weakref.WeakKeyDictionary[Pipeline, dict[str | int, SpeculativeEngine]]" = weakref.WeakKeyDictionary()
+_DRAFTERS: "weakref.WeakKeyDictionary[Pipeline, dict[str, Pipeline | None]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -89,9 +92,12 @@ class Record:
         return asdict(self)
 
 
-def method_names(settings: BenchSettings, trained_block_size: int | None) -> list[str]:
-    """Expand 'dflash' into one dflash-bN per block size; validate the rest."""
+def method_names(settings: BenchSettings, trained_block_size: int | None, drafters: tuple[str, ...] = ()
+                 ) -> list[str]:
+    """Expand 'dflash' into one dflash-bN per block size (and per drafter label, when there are several);
+    validate the rest."""
     names: list[str] = []
+    labels = [f"@{d}" for d in drafters] if len(drafters) > 1 else [""]
     for m in settings.methods:
         if m in ("dflash", "dflash_fullvocab", "dflash_ngram"):
             if trained_block_size is None:
@@ -101,7 +107,8 @@ def method_names(settings: BenchSettings, trained_block_size: int | None) -> lis
                 if not 2 <= b <= trained_block_size:
                     raise InvalidArgumentError(f"block size {b}: expected 2..{trained_block_size} (the trained size)")
                 names += [f"dflash-b{b}" + ("" if v == "fixed" else f"-{v}") + tree_suffix(t) + suffix + sampler
-                          for v in settings.verify for t in settings.trees for sampler in _sampler_suffixes(settings)]
+                          + label for label in labels for v in settings.verify for t in settings.trees
+                          for sampler in _sampler_suffixes(settings)]
         elif m in BASE_METHODS:
             names.append(m)
         elif m == "dflash_hf":
@@ -128,6 +135,36 @@ def method_tree(method: str) -> str | int:
     if found is None:
         return "off"
     return "auto" if found.group(1) == "auto" else int(found.group(1))
+
+
+def register_drafters(pipe: Pipeline, drafters: dict[str, str | None]) -> tuple[str, ...]:
+    """Run the bench's DFlash methods with each of `drafters` ({label: folder}, in order) on `pipe`'s target:
+    the first label names the pipeline's own drafter (its folder is not loaded again), every other folder is
+    loaded once (`Pipeline.with_drafter`). Returns the labels, for `method_names`."""
+    for label in drafters:
+        check_drafter_label(label)
+    first, *others = drafters
+    _DRAFTERS[pipe] = {first: None} | {label: pipe.with_drafter(drafters[label]) for label in others}
+    return tuple(drafters)
+
+
+def check_drafter_label(label: str) -> str:
+    """A drafter label goes into method names after '@': letters, digits, '_', '.' and '-' only."""
+    if not re.fullmatch(r"[\w.-]+", label):
+        raise InvalidArgumentError(f"drafter label {label!r}: expected letters, digits, '_', '.' or '-'")
+    return label
+
+
+def _drafter_pipeline(pipe: Pipeline, method: str) -> tuple[Pipeline, str]:
+    """The pipeline of a method's drafter label (`register_drafters`) and the method's name without it."""
+    method, at, label = method.partition("@")
+    if not at:
+        return pipe, method
+    alternates = _DRAFTERS.get(pipe, {})
+    if label not in alternates:
+        raise InvalidArgumentError(f"method {method}@{label}: no drafter labelled {label!r} (expected one of "
+                                   f"{sorted(alternates)})")
+    return alternates[label] or pipe, method
 
 
 def resolved_sampler(sampler: str) -> str:
@@ -174,7 +211,9 @@ def _engine_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, s
 
 
 def _engine(pipe: Pipeline, method: str) -> SpeculativeEngine:
-    """The engine a method runs on: the pipeline's, or a variant (built once, then reused)."""
+    """The engine a method runs on: the pipeline's (or its drafter's, by label), or a variant (built once, then
+    reused)."""
+    pipe, method = _drafter_pipeline(pipe, method)
     if method == "dflash-hfpath":
         return _hf_path_engine(pipe)
     if method.partition("+")[0].endswith("-fullvocab"):
@@ -221,7 +260,7 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
 
 
 def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -> DecodeOptions:
-    method, _, sampler = method.partition("+")
+    method, _, sampler = method.partition("@")[0].partition("+")
     block = int(method.split("-")[1][1:]) if method.startswith("dflash-b") else None
     sampling = SamplingParams(s.temperature, 0, s.top_p, seed, sampler=resolved_sampler(sampler or s.samplers[0]))
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
@@ -278,9 +317,10 @@ def warm_up(pipe: Pipeline, methods: list[str], s: BenchSettings) -> None:
 
 
 def run_bench(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], s: BenchSettings,
-              progress: bool = True) -> tuple[list[str], list[Record]]:
+              progress: bool = True, drafters: tuple[str, ...] = ()) -> tuple[list[str], list[Record]]:
+    """Every method on every prompt, prompt-major; `drafters`: the labels of `register_drafters`."""
     trained = pipe.drafter.config.block_size if pipe.drafter is not None else None
-    methods = method_names(s, trained)
+    methods = method_names(s, trained, drafters)
     warm_up(pipe, methods, s)
     records: list[Record] = []
     total = count_generations(prompts_by_dataset, methods, s.turns)
@@ -306,15 +346,24 @@ def run_replay(pipe: Pipeline, prompts: list[Prompt], s: BenchSettings, rows: in
     continuations = {i: tokens for i, tokens, _ in BatchEngine(pipe.engine, rows).run(ids, plain)}
     out: dict[str, Any] = {"requests": len(ids), "new_tokens": sum(len(t) for t in continuations.values()),
                            "plain_seconds": now(pipe.target.device) - t0, "mean_acceptance_length": {}}
-    for block in s.block_sizes or (pipe.drafter.config.block_size,):
-        for tree in s.trees:
-            options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, stop_token_ids=stops,
-                                    tree=tree)
-            name = f"b{block}{tree_suffix(tree)}"
-            lengths = [replay_acceptance(pipe.engine, ids[i], continuations[i], options)
-                       for i in tqdm(range(len(ids)), desc=f"replay {name}", unit="prompt", dynamic_ncols=True)]
-            out["mean_acceptance_length"][name] = mean_acceptance_length(lengths)
+    for label, engine in _drafter_engines(pipe):
+        for block in s.block_sizes or (engine.drafter.config.block_size,):
+            for tree in s.trees:
+                options = DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, stop_token_ids=stops,
+                                        tree=tree)
+                name = f"b{block}{tree_suffix(tree)}{label}"
+                lengths = [replay_acceptance(engine, ids[i], continuations[i], options)
+                           for i in tqdm(range(len(ids)), desc=f"replay {name}", unit="prompt", dynamic_ncols=True)]
+                out["mean_acceptance_length"][name] = mean_acceptance_length(lengths)
     return out
+
+
+def _drafter_engines(pipe: Pipeline) -> list[tuple[str, SpeculativeEngine]]:
+    """(name suffix, engine) of each registered drafter (`register_drafters`); ("", the pipeline's) without."""
+    drafters = _DRAFTERS.get(pipe)
+    if drafters is None or len(drafters) < 2:
+        return [("", pipe.engine)]
+    return [(f"@{label}", (alt or pipe).engine) for label, alt in drafters.items()]
 
 
 def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], methods: list[str], s: BenchSettings,

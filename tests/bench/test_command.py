@@ -120,3 +120,36 @@ def test_bench_runs_its_default_dataset_without_the_prompt_wheels(long_context_p
     assert main(["bench", "--target", str(target), "--drafter", str(drafter), "--dataset",
                  "humaneval", "--dataset", "sharegpt-heldout", "--max-samples", "1", "--max-new-tokens", "4",
                  "--replay", "--out", str(tmp_path / "r")]) == 0
+
+
+def test_two_drafters_run_side_by_side(tiny_target_dir, tmp_path):
+    """--drafter twice: every DFlash method (and the replay) once per drafter on the one target, named @LABEL
+    (the first under its folder's name), all lossless. Which engine gets which drafter: tests/bench/test_runner.py."""
+    target = TargetModel.from_pretrained(tiny_target_dir)
+    for name, seed in (("one", 1), ("two", 5)):
+        save_drafter(tiny_drafter(target, seed=seed, block_size=4).float(), tmp_path / name)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("hello there", "count: 1 2 3", "abc abc abc")))
+    common = ["bench", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "one"), "--drafter",
+              f"b={tmp_path / 'two'}", "--dataset", str(prompts), "--max-new-tokens", "12", "--device", "cpu"]
+    assert main([*common, "--methods", "dflash,no_draft", "--verify", "fixed,adaptive", "--no-cost", "--batch", "2",
+                 "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "bench.json").read_text())
+    methods = ["dflash-b4@one", "dflash-b4-adaptive@one", "dflash-b4@b", "dflash-b4-adaptive@b", "no_draft"]
+    assert result["config"]["methods"] == methods and result["config"]["drafter"].endswith(f"b={tmp_path / 'two'}")
+    overall = result["summaries"]["overall"]
+    assert all(overall[m]["identical_to_no_draft"] == overall[m]["compared"] == 3 for m in methods)
+    assert all(result["batch"][m]["identical_to_no_draft"] == 3 for m in methods)
+    assert main([*common, "--replay", "--tree", "off,3", "--out", str(tmp_path / "replay")]) == 0
+    replay = json.loads((tmp_path / "replay" / "bench.json").read_text())["replay_by_dataset"]["p"]
+    assert list(replay["mean_acceptance_length"]) == ["b4@one", "b4-tree3@one", "b4@b", "b4-tree3@b"]
+
+
+@pytest.mark.parametrize("values, message", [
+    (["a/x", "b/x"], "the label 'x' is taken by 'a/x'"),
+    (["bad label=a/x", "b/y"], "drafter label 'bad label'"),
+])
+def test_drafter_labels_are_checked_before_anything_loads(tmp_path, capsys, values, message):
+    args = [x for v in values for x in ("--drafter", v)]
+    assert main(["bench", "--target", "no/such-target", *args, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err

@@ -6,11 +6,13 @@ import torch
 
 from blockdraft.api import Pipeline
 from blockdraft.bench.report import cost_accounting, markdown, plots, summaries, summarize
-from blockdraft.bench.runner import BenchSettings, Record, _engine, method_names, run_batched, run_bench
+from blockdraft.bench.runner import (BenchSettings, Record, _engine, method_names, register_drafters, run_batched,
+                                     run_bench)
 from blockdraft.decoding.adaptive import AdaptiveVerify
 from blockdraft.errors import InvalidArgumentError
+from blockdraft.modeling.checkpoint import save_drafter
 from blockdraft.prompts import Prompt
-from tests.conftest import tiny_pipeline
+from tests.conftest import tiny_drafter, tiny_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,28 @@ def test_sampled_runs_are_reproducible(pipe, verify, sampler):
     _, again = run_bench(pipe, PROMPTS, s, progress=False)
     assert any("adaptive" in r.method for r in first) == (verify == "adaptive")
     assert [r.token_ids for r in first] == [r.token_ids for r in again]
+
+
+def test_each_drafter_label_runs_its_own_drafter_on_the_shared_target(tmp_path):
+    pipe = tiny_pipeline("llama", seed=3)  # its own: the registry is per pipeline
+    save_drafter(tiny_drafter(pipe.target, seed=7, block_size=6), tmp_path / "other")
+    labels = register_drafters(pipe, {"mine": "not loaded", "other": str(tmp_path / "other")})
+    s = BenchSettings(max_new_tokens=8, methods=("dflash", "no_draft"), turns=1, trees=("off", 4),
+                      verify=("fixed",))
+    assert method_names(s, 6, labels) == ["dflash-b6@mine", "dflash-b6-tree4@mine", "dflash-b6@other",
+                                          "dflash-b6-tree4@other", "no_draft"]
+    assert _engine(pipe, "dflash-b6@mine") is pipe.engine
+    other = _engine(pipe, "dflash-b6@other")
+    assert other.target is pipe.target and other.drafter is not pipe.drafter
+    saved = tiny_drafter(pipe.target, seed=7, block_size=6).state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in other.drafter.state_dict().items())
+    assert _engine(pipe, "dflash-b6-tree4@other").drafter is other.drafter
+    _, records = run_bench(pipe, {"chat": PROMPTS["chat"][1:]}, s, progress=False, drafters=labels)
+    assert len({tuple(r.token_ids) for r in records}) == 1  # lossless with either drafter
+    with pytest.raises(InvalidArgumentError, match="no drafter labelled 'third'"):
+        _engine(pipe, "dflash-b6@third")
+    with pytest.raises(InvalidArgumentError, match="drafter label 'a@b'"):
+        register_drafters(pipe, {"a@b": "x", "c": "y"})
 
 
 def test_method_names_are_validated():
