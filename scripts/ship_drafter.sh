@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Measure a drafter checkpoint against the shipped one, the way issue 36 decides whether it ships as v2:
+#
+#   scripts/ship_drafter.sh CHECKPOINT [OUT]       # e.g. ~/.cache/blockdraft/campaign/v2-stage1/final
+#   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
+#
+# 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the regenerated
+#    answers, into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships;
+# 2. acceptance: the engine's greedy acceptance at block 16 with fixed verify and no lookups, of both drafters over
+#    the same plain continuations (`bench --replay`: cycle for cycle the engine's), 80 MT-Bench + 80 held-out
+#    ShareGPT first turns x 256 tokens (OUT/replay);
+# 3. lossless: the candidate in the engine itself, batched, fixed verify, no lookups, on the same 160 prompts:
+#    its tau and how many greedy outputs equal plain decoding's (OUT/identical; ~40 min on 2 cores);
+# 4. speed: the README's benchmark (8 MT-Bench + 8 HumanEval first turns, 256 tokens) with both drafters side by
+#    side in one process, the default (lookups) and the drafter alone, at T=0 and T=0.7 (OUT/t0, OUT/t07).
+# About 1.5 h on a 2-core CPU with nothing else running: pause the campaign first (scripts/campaign.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CAND=${1:?usage: scripts/ship_drafter.sh CHECKPOINT [OUT]}
+OUT=${2:-docs/figures/drafter-v2}
+BD=${BD:-.venv/bin/blockdraft}
+V1=blockdraft/weights/smollm2-135m-instruct-dflash
+REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
+if [[ -n "${DRY:-}" ]]; then N=2 SPEED=1 TOKENS=16; else N=80 SPEED=8 TOKENS=256; fi
+HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 --max-new-tokens $TOKENS"
+SINGLE="--dataset mt-bench --dataset humaneval --max-samples $SPEED --turns 1 --max-new-tokens $TOKENS"
+BOTH=(--drafter "v1=$V1" --drafter "v2=$OUT/drafter")
+mkdir -p "$OUT"
+$BD export --drafter "$CAND" --out "$OUT/drafter" --dtype bfloat16 --draft-vocab 16384 --data "$REGEN"
+$BD bench $HELD --replay --block-sizes 16 --batch 16 "${BOTH[@]}" --out "$OUT/replay"
+$BD bench $HELD --drafter "$OUT/drafter" --methods dflash,no_draft --verify fixed --block-sizes 16 --batch 16 \
+    --batch-only --out "$OUT/identical"
+$BD bench $SINGLE "${BOTH[@]}" --methods dflash_ngram,dflash,no_draft --out "$OUT/t0"
+$BD bench $SINGLE "${BOTH[@]}" --methods dflash_ngram,dflash,no_draft --temperature 0.7 --out "$OUT/t07"
