@@ -122,6 +122,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--autocast", choices=("auto", "bf16", "off"), default="auto",
                    help="the drafter's forward in bfloat16 autocast (fp32 weights and optimizer): auto = on CUDA "
                         "only (default); bf16 also on a CPU with native bf16 (AVX512-BF16, AMX)")
+    t.add_argument("--allocator", choices=("heap", "system"), default="heap",
+                   help="on a CPU with glibc, heap (default) keeps freed memory in the process, so steps reuse it "
+                        "rather than fault fresh pages in (~1.13x faster steps, the same results; the process keeps "
+                        "its peak memory: blockdraft.train.allocator); system leaves the C library as it is")
     t.add_argument("--stash", default=None, metavar="DIR",
                    help="also keep every checkpoint (weights, optimizer state, metrics) in DIR in pieces of at most "
                         "32 MiB, the latest only, to commit; --resume restores it when --out has no checkpoint "
@@ -201,6 +205,7 @@ def _train(args: argparse.Namespace) -> Path:
     from blockdraft.errors import InvalidArgumentError
     from blockdraft.modeling.checkpoint import load_drafter
     from blockdraft.modeling.registry import mask_token_for
+    from blockdraft.train.allocator import keep_freed_memory
     from blockdraft.train.features import (
         CachedFeatures,
         MemoryFeatures,
@@ -215,6 +220,8 @@ def _train(args: argparse.Namespace) -> Path:
 
     started = time.perf_counter()
     target = _load_target(args, pack=False)  # training reads dense weights (init, gradients through the LM head)
+    if args.allocator == "heap" and target.device.type == "cpu":
+        keep_freed_memory()
     out = Path(args.out)
     if args.resume and args.stash and not _checkpoints(out):
         restore_checkpoint(Path(args.stash), out)
