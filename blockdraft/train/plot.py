@@ -7,6 +7,17 @@ from pathlib import Path
 from blockdraft.errors import InvalidArgumentError
 
 
+SMOOTH = 20  # log rows in the running mean drawn over noisy curves
+
+
+def running_mean(values: list[float], n: int) -> list[float]:
+    """Means of each window of `n` consecutive values (len(values) - n + 1 of them)."""
+    sums = [0.0]
+    for v in values:
+        sums.append(sums[-1] + v)
+    return [(sums[i + n] - sums[i]) / n for i in range(len(values) - n + 1)]
+
+
 def plot_run(run: str | Path, path: str | Path | None = None) -> Path:
     """Loss, estimated and engine-measured acceptance length, per-slot accuracy -> `run/curves.png`."""
     import matplotlib
@@ -22,14 +33,23 @@ def plot_run(run: str | Path, path: str | Path | None = None) -> Path:
     train = [r for r in rows if "loss" in r]
     evals = [r for r in rows if "eval_acceptance_length" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train])
+    steps = [r["step"] for r in train]
+    for ax, key, label in ((axes[0], "loss", None), (axes[1], "tau_estimate", "estimate (train blocks)")):
+        values = [r[key] for r in train]
+        line, = ax.plot(steps, values, alpha=0.35 if len(values) > SMOOTH else 1.0, label=label)
+        if len(values) > SMOOTH:  # one log row is a few steps: the trend is the running mean
+            ax.plot(steps[SMOOTH - 1:], running_mean(values, SMOOTH), color=line.get_color(),
+                    label=label and f"{label}, mean of {SMOOTH} rows")
     axes[0].set(title="loss", xlabel="step")
-    axes[1].plot([r["step"] for r in train], [r["tau_estimate"] for r in train], label="estimate (train blocks)")
     if evals:
         axes[1].plot([r["step"] for r in evals], [r["eval_acceptance_length"] for r in evals], "o-",
                      label="engine, held-out prompts")
     axes[1].set(title="acceptance length", xlabel="step")
     axes[1].legend()
+    if train and train[-1].get("epoch"):  # the same steps in passes over the data
+        per_epoch = train[-1]["step"] / train[-1]["epoch"]
+        top = axes[1].secondary_xaxis("top", functions=(lambda s: s / per_epoch, lambda e: e * per_epoch))
+        top.set_xlabel("epochs")
     if train:
         slots = len(train[-1]["slot_accuracy"])
         for k in range(0, slots, max(1, slots // 5)):
