@@ -6,7 +6,7 @@ this script runs again) for COMPUTE sequence passes (steps x sequences x ANCHORS
 set so that the learning-rate schedule ends there whatever the data size. w15 starts from the shipped
 drafter's weights instead of random ones: what a campaign that continues v1 on all the data gets from the
 same compute. Then the engine's greedy acceptance
-length is measured by replay (`blockdraft.bench.replay`: the engine's own cycles on plain decoding's greedy
+length is measured by replay (`blockdraft.decoding.replay`: the engine's own cycles on plain decoding's greedy
 continuation, fixed verify, block 16, no lookups) on the first EVAL_PROMPTS MT-Bench and held-out ShareGPT first
 turns x EVAL_TOKENS; the continuations are decoded once and kept in the results folder.
 
@@ -83,7 +83,7 @@ def evaluate(drafter: Path | None, results: Path) -> dict[str, float]:
 
     from blockdraft.api import Pipeline
     from blockdraft.bench.metrics import mean_acceptance_length
-    from blockdraft.bench.replay import replay_acceptance
+    from blockdraft.decoding.replay import replay_acceptance
     from blockdraft.decoding.batch_engine import BatchEngine
     from blockdraft.decoding.engine import DecodeOptions
     from blockdraft.prompts import shipped_prompts

@@ -83,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "many prompts; needs --batch")
     p.add_argument("--replay", action="store_true",
                    help="only greedy acceptance per block size, by replaying each first turn's plain greedy output "
-                        "through the drafter (no verify forwards; blockdraft.bench.replay); rows: --batch (16)")
+                        "through the drafter (no verify forwards; blockdraft.decoding.replay); rows: --batch (16)")
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile the per-layer blocks of the pair (see blockdraft.modeling.compile)")
     add_pack_argument(p)

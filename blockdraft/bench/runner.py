@@ -34,9 +34,9 @@ from tqdm import tqdm
 
 from blockdraft.api import DEFAULT_SAMPLER, Pipeline
 from blockdraft.bench.metrics import mean_acceptance_length
-from blockdraft.bench.replay import replay_acceptance
 from blockdraft.decoding.batch_engine import BatchEngine
 from blockdraft.decoding.engine import VERIFY_MODES, DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.replay import replay_acceptance
 from blockdraft.decoding.sampling import SAMPLERS, SamplingParams
 from blockdraft.decoding.stats import GenerationStats, now
 from blockdraft.errors import InvalidArgumentError
@@ -335,7 +335,7 @@ def run_bench(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], s: Be
 
 
 def run_replay(pipe: Pipeline, prompts: list[Prompt], s: BenchSettings, rows: int) -> dict[str, Any]:
-    """Greedy acceptance at each block size by replay (`blockdraft.bench.replay`): the first turns decode
+    """Greedy acceptance at each block size by replay (`blockdraft.decoding.replay`): the first turns decode
     plainly, `rows` at a time, then each block size replays every continuation through the drafter."""
     if s.temperature != 0:
         raise InvalidArgumentError(f"replay measures greedy acceptance: expected temperature 0, got {s.temperature}")

@@ -32,13 +32,13 @@ from tqdm import tqdm
 
 from blockdraft.api import Pipeline
 from blockdraft.bench.metrics import mean_acceptance_length, pooled_histogram, pooled_per_position
-from blockdraft.bench.replay import replay_acceptance
 from blockdraft.bench.report import cost_accounting, curve_context, summaries
 from blockdraft.bench.runner import BenchSettings, Record, run_bench
 from blockdraft.bench.serve_sweep import ServerSpec, run_server
 from blockdraft.decoding.batch_engine import BatchEngine
 from blockdraft.decoding.costs import report_cost_curve
 from blockdraft.decoding.engine import DecodeOptions
+from blockdraft.decoding.replay import replay_acceptance
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.export import RECORD

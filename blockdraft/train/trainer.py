@@ -29,6 +29,7 @@ from torch import nn
 from tqdm import tqdm
 
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.replay import replay_acceptance
 from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_dir
@@ -184,18 +185,28 @@ def load_checkpoint(path: Path, drafter: Drafter, optimizer: torch.optim.Optimiz
 
 
 # ------------------------------------------------------------------ evaluation
-def engine_acceptance(target: TargetModel, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int) -> float:
-    """Mean acceptance length measured by the real engine (greedy), averaged per prompt then over prompts."""
+def greedy_continuations(target: TargetModel, drafter: Drafter, prompts: list[list[int]],
+                         max_new_tokens: int) -> list[list[int]]:
+    """Plain decoding's greedy output for each prompt (`max_new_tokens` each, no stop tokens): the target is
+    frozen, so a run computes them once and replays every evaluation on them."""
+    engine, options = SpeculativeEngine(target, drafter), DecodeOptions(max_new_tokens=max_new_tokens, no_draft=True)
+    return [[t for chunk in engine.decode(ids, options, GenerationStats(1)) for t in chunk] for ids in prompts]
+
+
+def engine_acceptance(target: TargetModel, drafter: Drafter, prompts: list[list[int]],
+                      continuations: list[list[int]]) -> float:
+    """The engine's greedy acceptance length (fixed verify, the trained block size, no lookups), averaged per
+    prompt then over prompts, by replaying its cycles on plain decoding's `continuations`
+    (`blockdraft.decoding.replay`: cycle for cycle the engine's, without its verify forwards)."""
     was_training = drafter.training
     drafter.eval()
     engine = SpeculativeEngine(target, drafter)
     taus = []
-    for ids in prompts:
-        stats = GenerationStats(1)
-        for _ in engine.decode(ids, DecodeOptions(max_new_tokens=max_new_tokens), stats):
-            pass
-        if stats.mean_acceptance_length is not None:
-            taus.append(stats.mean_acceptance_length)
+    for ids, continuation in zip(prompts, continuations):
+        options = DecodeOptions(max_new_tokens=len(continuation))
+        lengths = replay_acceptance(engine, ids, continuation, options)
+        if lengths:
+            taus.append(sum(lengths) / len(lengths))
     drafter.train(was_training)
     return sum(taus) / len(taus) if taus else math.nan
 
@@ -210,6 +221,7 @@ class Trainer:
             raise InvalidArgumentError("no training sequences: expected at least one with supervised tokens")
         self.cfg, self.target, self.drafter, self.features = cfg, target, drafter, features
         self.sequences, self.eval_prompts = sequences, eval_prompts or []
+        self._continuations: list[list[int]] | None = None  # the eval prompts' plain greedy output, made once
         self.out = Path(cfg.out)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -401,8 +413,11 @@ class Trainer:
     def _evaluate(self, step: int) -> None:
         if self.rank != 0 or not self.eval_prompts:
             return
-        tau = engine_acceptance(self.target, self.drafter, self.eval_prompts[: self.cfg.eval_prompts],
-                                self.cfg.eval_max_new_tokens)
+        prompts = self.eval_prompts[: self.cfg.eval_prompts]
+        if self._continuations is None:
+            self._continuations = greedy_continuations(self.target, self.drafter, prompts,
+                                                       self.cfg.eval_max_new_tokens)
+        tau = engine_acceptance(self.target, self.drafter, prompts, self._continuations)
         log.warning("step %d: engine acceptance length %.3f on %d held-out prompts", step, tau,
                     min(len(self.eval_prompts), self.cfg.eval_prompts))
         self._log({"step": step, "eval_acceptance_length": tau, "eval_prompts": len(self.eval_prompts[: self.cfg.eval_prompts])})

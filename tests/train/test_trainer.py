@@ -3,10 +3,13 @@ import json
 import pytest
 import torch
 
+from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.stats import GenerationStats
 from blockdraft.modeling.target import TargetModel
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import OnlineFeatures
-from blockdraft.train.trainer import TrainConfig, Trainer, engine_acceptance, lr_at, new_drafter
+from blockdraft.train.trainer import (TrainConfig, Trainer, engine_acceptance, greedy_continuations, lr_at,
+                                     new_drafter)
 from tests.conftest import tiny_hf_model
 
 V, MOD = 24, 23  # tokens 0..22 count mod 23; 23 is the MASK row
@@ -131,22 +134,37 @@ def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
                 OnlineFeatures(counter))
 
 
+def decoded_acceptance(target, drafter, prompts, max_new_tokens: int) -> float:
+    """The acceptance length of the real engine's decoding (fixed verify), per prompt then over prompts: what the
+    trainer's replayed evaluation must give."""
+    engine, taus = SpeculativeEngine(target, drafter.eval()), []
+    for ids in prompts:
+        stats = GenerationStats(1)
+        for _ in engine.decode(ids, DecodeOptions(max_new_tokens=max_new_tokens), stats):
+            pass
+        taus.append(stats.mean_acceptance_length)
+    return sum(taus) / len(taus)
+
+
 @pytest.mark.parametrize("vocab,distill,labels", [("full", 0.0, "data"), ("data", 0.0, "data"), ("data", 0.5, "data"),
                                                   ("data", 0.0, "target")])
 def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path, vocab, distill, labels):
     torch.manual_seed(0)
     drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
     prompts = [counting(6, s).tolist() for s in (0, 7, 15)]
-    before = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
+    before = decoded_acceptance(counter, drafter, prompts, max_new_tokens=40)
+    continuations = greedy_continuations(counter, drafter, prompts, max_new_tokens=40)
+    assert engine_acceptance(counter, drafter, prompts, continuations) == pytest.approx(before)
+    drafter.train()
     cfg = TrainConfig(out=str(tmp_path / "run"), epochs=5, lr=3e-3, max_anchors=16, log_every=20, save_every=1000,
                       eval_every=0, eval_max_new_tokens=40, vocab=vocab, vocab_negatives=0, distill=distill,
                       distill_topk=4, labels=labels)
     features = OnlineFeatures(counter, teacher_k=4 if distill else 0, greedy=labels == "target")
     Trainer(cfg, counter, drafter, sequences(64), features, prompts).run()
-    after = engine_acceptance(counter, drafter, prompts, max_new_tokens=40)
+    after = decoded_acceptance(counter, drafter, prompts, max_new_tokens=40)
     assert before < 1.5 and after >= 0.8 * 6, (before, after)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["eval_acceptance_length"] == pytest.approx(after)
+    assert rows[-1]["eval_acceptance_length"] == pytest.approx(after)  # the trainer's replay: the engine's figure
     assert rows[-2]["tau_estimate"] > 4 and rows[-2]["slot_accuracy"][0] > 0.9
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 

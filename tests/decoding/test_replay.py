@@ -1,7 +1,7 @@
 import pytest
 
-from blockdraft.bench.replay import replay_acceptance
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
+from blockdraft.decoding.replay import replay_acceptance
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.target import TargetModel
