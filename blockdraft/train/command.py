@@ -59,7 +59,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="data: the data's tokens (regenerated answers); target: the target's own greedy tokens, "
                         "computed in the feature forward, so any text trains (needs --features online or memory)")
     t.add_argument("--out", help="run folder: checkpoints/, metrics.jsonl, final/ (published format)")
-    t.add_argument("--plot", metavar="RUN", help="draw RUN/metrics.jsonl to RUN/curves.png and exit")
+    t.add_argument("--plot", metavar="RUN",
+                   help="draw RUN/metrics.jsonl to RUN/curves.png, print its evaluations as a table, and exit")
     t.add_argument("--target", default=DEFAULT_TARGET, help=f"the target the drafter is for (default {DEFAULT_TARGET})")
     t.add_argument("--layers", type=int, default=5, help="draft layers (paper: 5)")
     t.add_argument("--block-size", type=int, default=16, help="tokens per draft block, the anchor included (default 16)")
@@ -186,9 +187,10 @@ def _tokenizer(target: str):
 
 def run_train(args: argparse.Namespace) -> int:
     from blockdraft.errors import InvalidArgumentError
-    from blockdraft.train.plot import plot_run
+    from blockdraft.train.plot import eval_table, plot_run
 
     if args.plot:
+        print(eval_table(args.plot))
         print(plot_run(args.plot))
         return 0
     if not args.data or not args.out:

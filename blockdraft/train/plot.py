@@ -1,4 +1,4 @@
-"""Training curves from a run's metrics.jsonl, drawn to PNG."""
+"""Training curves from a run's metrics.jsonl, drawn to PNG, and its evaluations as a Markdown table."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,31 @@ def running_mean(values: list[float], n: int) -> list[float]:
     return [(sums[i + n] - sums[i]) / n for i in range(len(values) - n + 1)]
 
 
+def eval_table(run: str | Path) -> str:
+    """The run's engine evaluations as Markdown: step, epoch, acceptance length, and the mean training loss of
+    the log rows since the previous evaluation."""
+    rows = _rows(Path(run))
+    lines = ["| step | epoch | held-out acceptance length | mean loss since the previous eval |", "|---|---|---|---|"]
+    epoch, losses = 0.0, []
+    for r in rows:
+        if "loss" in r:
+            epoch = r.get("epoch", epoch)
+            losses.append(r["loss"])
+        elif "eval_acceptance_length" in r:
+            loss = f"{sum(losses) / len(losses):.3f}" if losses else "-"
+            lines.append(f"| {r['step']:,} | {epoch:.2f} | {r['eval_acceptance_length']:.3f} "
+                         f"({r.get('eval_prompts', '?')} prompts) | {loss} |")
+            losses = []
+    return "\n".join(lines)
+
+
+def _rows(run: Path) -> list[dict]:
+    metrics = run / "metrics.jsonl"
+    if not metrics.is_file():
+        raise InvalidArgumentError(f"{run}: no metrics.jsonl; expected a training run folder")
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
 def plot_run(run: str | Path, path: str | Path | None = None) -> Path:
     """Loss, estimated and engine-measured acceptance length, per-slot accuracy -> `run/curves.png`."""
     import matplotlib
@@ -26,10 +51,7 @@ def plot_run(run: str | Path, path: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run = Path(run)
-    metrics = run / "metrics.jsonl"
-    if not metrics.is_file():
-        raise InvalidArgumentError(f"{run}: no metrics.jsonl; expected a training run folder")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = _rows(run)
     train = [r for r in rows if "loss" in r]
     evals = [r for r in rows if "eval_acceptance_length" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
