@@ -116,6 +116,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"max_new_tokens={args.max_new_tokens}, max_samples={args.max_samples}, "
                                    f"turns={args.turns}: expected integers >= 1")
     drafters = drafter_labels(args.drafter or [])
+    if args.compile and len(drafters) > 1:  # only the pipeline's own drafter would be compiled
+        raise InvalidArgumentError(f"--compile with {len(drafters)} drafters: expected one drafter to compile")
     datasets = args.dataset or ["mt-bench"]
     prompts = {dataset_label(d): bench_prompts(d, args.max_samples, args.seed, args.local) for d in datasets}
     out = Path(args.out)

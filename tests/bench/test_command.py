@@ -148,8 +148,9 @@ def test_two_drafters_run_side_by_side(tiny_target_dir, tmp_path):
 @pytest.mark.parametrize("values, message", [
     (["a/x", "b/x"], "the label 'x' is taken by 'a/x'"),
     (["bad label=a/x", "b/y"], "drafter label 'bad label'"),
+    (["a/x", "b/y", "--compile"], "--compile with 2 drafters: expected one drafter to compile"),
 ])
 def test_drafter_labels_are_checked_before_anything_loads(tmp_path, capsys, values, message):
-    args = [x for v in values for x in ("--drafter", v)]
+    args = [x for v in values for x in (("--drafter", v) if not v.startswith("--") else (v,))]
     assert main(["bench", "--target", "no/such-target", *args, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
