@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -172,14 +173,16 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path, drafte
 
 
 def drafter_labels(values: list[str]) -> dict[str, str]:
-    """--drafter values ([LABEL=]FOLDER, in order) as {label: folder}; a label defaults to the folder's name."""
+    """--drafter values ([LABEL=]FOLDER, in order) as {label: folder}; a label defaults to the folder's name (other
+    characters than letters, digits, '_', '.' and '-' become '_')."""
     from blockdraft.bench.runner import check_drafter_label
     from blockdraft.errors import InvalidArgumentError
 
     out: dict[str, str] = {}
     for value in values:
-        label, eq, folder = value.partition("=") if "=" in value else ("", "", value)
-        label = label if eq else Path(folder.rstrip("/")).name or folder
+        label, eq, folder = value.partition("=")
+        if not eq or "/" in label or Path(value).exists():  # a folder whose path holds '=' (runs/lr=3e-4/final)
+            label, folder = re.sub(r"[^\w.-]", "_", Path(value.rstrip("/")).name) or "drafter", value
         if label in out:
             raise InvalidArgumentError(f"--drafter {value!r}: the label {label!r} is taken by {out[label]!r}; "
                                        "expected distinct labels (write LABEL=FOLDER)")
@@ -193,7 +196,10 @@ def compared_methods(methods: list[str], settings: Any) -> list[str]:
     does too."""
     if settings.temperature == 0:
         return methods
-    gumbel = lambda m: resolved_sampler(m.partition("+")[2] or settings.samplers[0]) == "gumbel"  # noqa: E731
+
+    def gumbel(method: str) -> bool:  # dflash-...[+SAMPLER][@DRAFTER]
+        return resolved_sampler(method.partition("@")[0].partition("+")[2] or settings.samplers[0]) == "gumbel"
+
     return [m for m in methods if gumbel(m) and gumbel("no_draft") and not m.startswith("hf_")]
 
 

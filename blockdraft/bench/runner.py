@@ -140,11 +140,23 @@ def method_tree(method: str) -> str | int:
 def register_drafters(pipe: Pipeline, drafters: dict[str, str | None]) -> tuple[str, ...]:
     """Run the bench's DFlash methods with each of `drafters` ({label: folder}, in order) on `pipe`'s target:
     the first label names the pipeline's own drafter (its folder is not loaded again), every other folder is
-    loaded once (`Pipeline.with_drafter`). Returns the labels, for `method_names`."""
+    loaded once (`Pipeline.with_drafter`). They must read the same target layers (the target hooks one set for
+    all its engines) and share a trained block size (the methods' names hold it). Returns the labels, for
+    `method_names`."""
     for label in drafters:
         check_drafter_label(label)
     first, *others = drafters
-    _DRAFTERS[pipe] = {first: None} | {label: pipe.with_drafter(drafters[label]) for label in others}
+    alternates = {label: pipe.with_drafter(drafters[label]) for label in others}
+    mine = pipe.drafter.config
+    for label, alt in alternates.items():
+        theirs = alt.drafter.config
+        if (theirs.target_layer_ids, theirs.block_size) != (mine.target_layer_ids, mine.block_size):
+            raise InvalidArgumentError(
+                f"drafter {label!r} reads target layers {theirs.target_layer_ids} at block size {theirs.block_size}, "
+                f"drafter {first!r} layers {mine.target_layer_ids} at block size {mine.block_size}: expected the "
+                "same layers and block size side by side")
+    pipe.engine.target.set_feature_layers(mine.target_layer_ids)  # as before the others' engines were built
+    _DRAFTERS[pipe] = {first: None} | alternates
     return tuple(drafters)
 
 
@@ -381,7 +393,7 @@ def run_batched(pipe: Pipeline, prompts_by_dataset: dict[str, list[Prompt]], met
     outputs: dict[str, list[list[int]]] = {}
     lengths: dict[str, list[list[int]]] = {}
     for m in engine_methods:
-        if "-adaptive" in m:  # measure (or load) the batch's verify cost curve outside the timing
+        if "-adaptive" in m.partition("@")[0]:  # measure (or load) the batch's verify cost curve outside the timing
             _engine(pipe, m).calibrate_batch(min(rows, len(ids)))
     order = [m for r in range(rounds) for m in (engine_methods if r % 2 == 0 else engine_methods[::-1])]
     for m in tqdm(order, desc=f"batch {rows}", unit="run", dynamic_ncols=True):

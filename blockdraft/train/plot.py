@@ -11,11 +11,9 @@ SMOOTH = 20  # log rows in the running mean drawn over noisy curves
 
 
 def running_mean(values: list[float], n: int) -> list[float]:
-    """Means of each window of `n` consecutive values (len(values) - n + 1 of them)."""
-    sums = [0.0]
-    for v in values:
-        sums.append(sums[-1] + v)
-    return [(sums[i + n] - sums[i]) / n for i in range(len(values) - n + 1)]
+    """Means of each window of `n` consecutive values (len(values) - n + 1 of them; a NaN spoils only its own
+    windows)."""
+    return [sum(values[i:i + n]) / n for i in range(len(values) - n + 1)]
 
 
 def eval_table(run: str | Path) -> str:

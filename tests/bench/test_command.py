@@ -154,3 +154,18 @@ def test_drafter_labels_are_checked_before_anything_loads(tmp_path, capsys, valu
     args = [x for v in values for x in (("--drafter", v) if not v.startswith("--") else (v,))]
     assert main(["bench", "--target", "no/such-target", *args, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_drafter_values_name_labels_and_folders(tmp_path):
+    from blockdraft.bench.command import compared_methods, drafter_labels
+    from blockdraft.bench.runner import BenchSettings
+
+    assert drafter_labels(["a/v1", "new=runs/x/final", "runs/lr=3e-4/final/"]) == {
+        "v1": "a/v1", "new": "runs/x/final", "final": "runs/lr=3e-4/final/"}
+    odd = tmp_path / "k=v"
+    odd.mkdir()
+    assert drafter_labels([str(odd)]) == {"k_v": str(odd)}  # an existing folder is a folder, '=' or not
+    methods = ["dflash-b16+gumbel@v1", "dflash-b16+rejection@v1", "dflash-b16+gumbel@v2", "no_draft"]
+    seeded = compared_methods(methods, BenchSettings(temperature=0.7, samplers=("gumbel", "rejection")))
+    assert seeded == ["dflash-b16+gumbel@v1", "dflash-b16+gumbel@v2", "no_draft"]  # no_draft samples with gumbel
+    assert compared_methods(methods, BenchSettings(temperature=0.7, samplers=("rejection", "gumbel"))) == []

@@ -105,6 +105,11 @@ def test_each_drafter_label_runs_its_own_drafter_on_the_shared_target(tmp_path):
         _engine(pipe, "dflash-b6@third")
     with pytest.raises(InvalidArgumentError, match="drafter label 'a@b'"):
         register_drafters(pipe, {"a@b": "x", "c": "y"})
+    for name, kw in (("layers", {"target_layer_ids": [0]}), ("block", {"block_size": 4})):  # one hook set, one name
+        save_drafter(tiny_drafter(pipe.target, seed=7, **{"block_size": 6, **kw}), tmp_path / name)
+        with pytest.raises(InvalidArgumentError, match=f"drafter '{name}' reads target layers .* expected the same"):
+            register_drafters(pipe, {"mine": "x", name: str(tmp_path / name)})
+    assert pipe.target.feature_layer_ids == list(pipe.drafter.config.target_layer_ids)
 
 
 def test_method_names_are_validated():
