@@ -8,6 +8,8 @@ import os
 import random
 import signal
 import sys
+import tempfile
+from pathlib import Path
 
 from blockdraft.api import DEFAULT_SAMPLER, DEFAULT_TREE
 from blockdraft.bench.command import add_parser as add_bench_parser
@@ -124,7 +126,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a drafter folder that vLLM and SGLang load as it is (docs/export.md)")
-    p.add_argument("--drafter", required=True, help="drafter folder (ours or z-lab)")
+    p.add_argument("--drafter", required=True,
+                   help="drafter folder (ours or z-lab), or a training stash (`train --stash`): its latest step's")
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                    help="dtype of the written weights (default bfloat16, as published drafters)")
@@ -152,8 +155,10 @@ def run_export(args: argparse.Namespace) -> int:
 
     from blockdraft.modeling.checkpoint import load_drafter, save_drafter
     from blockdraft.modeling.export import export_target, serving, stamp, warn_engine_problems
+    from blockdraft.train.stash import stashed_drafter
 
-    drafter = load_drafter(args.drafter)
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter = load_drafter(stashed_drafter(Path(args.drafter), Path(tmp)) or args.drafter)
     target = export_target(drafter.config, args.target)
     if args.draft_vocab is not None:
         drafter.draft_vocab = _draft_vocab(args, target[0] if target else DEFAULT_TARGET) if args.draft_vocab else None

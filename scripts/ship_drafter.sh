@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measure a drafter checkpoint against the shipped one, the way issue 36 decides whether it ships as v2:
 #
-#   scripts/ship_drafter.sh CHECKPOINT [OUT]       # e.g. ~/.cache/blockdraft/campaign/v2-stage1/final
+#   scripts/ship_drafter.sh CHECKPOINT [OUT]       # a drafter folder, e.g. ~/.cache/blockdraft/campaign/v2-stage1/final,
+#                                                  # or a stash: data/checkpoints/v2-campaign/stage1 (its latest step)
 #   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
 #
 # 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the regenerated

@@ -48,13 +48,26 @@ def stash_checkpoint(checkpoint: Path, dest: Path, metrics: Path | None = None,
                 files[rel] = [rel]
         digests = {piece: sha256_of(tmp / piece) for pieces in files.values() for piece in pieces}
         (tmp / MANIFEST).write_text(json.dumps({"files": files, "sha256": digests}, indent=1))
-    if metrics is not None and metrics.is_file():
-        with atomic_path(dest / "metrics.jsonl") as tmp_metrics:
-            shutil.copyfile(metrics, tmp_metrics)
+    if metrics is not None:
+        stash_metrics(metrics, dest)
     for old in _steps(dest)[:-1]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("stashed %s in %s (%d pieces)", checkpoint.name, dest, len(digests))
     return dest / checkpoint.name
+
+
+def stash_metrics(metrics: Path, dest: Path) -> None:
+    """Copy the run's `metrics` into `dest` (atomically), e.g. once the final evaluation is logged."""
+    if metrics.is_file():
+        with atomic_path(dest / "metrics.jsonl") as tmp:
+            shutil.copyfile(metrics, tmp)
+
+
+def stashed_drafter(dest: Path, out: Path) -> Path | None:
+    """The drafter folder of the latest step stashed in `dest`, rebuilt under `out`; None when `dest` is no
+    stash (e.g. a drafter folder)."""
+    step = restore_checkpoint(dest, out) if dest.is_dir() else None
+    return None if step is None else step / "drafter"
 
 
 def restore_checkpoint(dest: Path, out: Path) -> Path | None:

@@ -43,7 +43,7 @@ from blockdraft.train.distill import block_soft_targets
 from blockdraft.train.features import FeatureSource, OnlineFeatures
 from blockdraft.train.init import init_from_target
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
-from blockdraft.train.stash import stash_checkpoint
+from blockdraft.train.stash import stash_checkpoint, stash_metrics
 from blockdraft.train.vocab import TrainVocab
 
 log = logging.getLogger(__name__)
@@ -370,6 +370,8 @@ class Trainer:
             self._save(step)
             save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
         self._evaluate(step)
+        if self.rank == 0 and self.cfg.stash:  # the final evaluation joins the stashed curve
+            stash_metrics(self.out / "metrics.jsonl", Path(self.cfg.stash))
         return out / "final"
 
     def _save(self, step: int) -> None:

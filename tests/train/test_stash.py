@@ -25,14 +25,21 @@ def test_a_stashed_run_goes_on_from_a_fresh_folder_to_the_same_weights(tiny_targ
     assert main([*common, "--out", str(tmp_path / "first"), "--stash", str(stash), "--max-steps", "6"]) == 0
     assert [p.name for p in stash.glob("step-*")] == ["step-0000006"]  # the older step was replaced
     # the next session, on another machine: only the stash (from git) is there
-    assert main([*common, "--out", str(tmp_path / "second"), "--stash", str(stash), "--resume"]) == 0
+    assert main([*common, "--out", str(tmp_path / "second"), "--stash", str(stash), "--resume", "--eval-prompts", "1",
+                 "--eval-max-new-tokens", "4"]) == 0
     assert "restored step-0000006" in caplog.text and "resumed from step 6 of 10" in caplog.text
     whole, second = _tensors(tmp_path / "whole" / "final"), _tensors(tmp_path / "second" / "final")
     assert whole.keys() == second.keys() and all(torch.equal(whole[k], second[k]) for k in whole)
     rows = [json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
     first = [json.loads(line) for line in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 11)) and rows[:6] == first[:6]  # they came with the stash
+    assert [r["step"] for r in rows] == [*range(1, 11), 10] and rows[:6] == first[:6]  # they came with the stash
     assert [p.name for p in stash.glob("step-*")] == ["step-0000010"]
+    # the final evaluation is in the stashed curve, and `export` takes the stash for its latest drafter
+    assert "eval_acceptance_length" in rows[-1] and (stash / "metrics.jsonl").read_text().splitlines() == [
+        line for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
+    assert main(["export", "--drafter", str(stash), "--out", str(tmp_path / "exported"), "--dtype", "float32"]) == 0
+    exported = _tensors(tmp_path / "exported")
+    assert exported.keys() == second.keys() and all(torch.equal(exported[k], second[k]) for k in second)
 
 
 @pytest.fixture
