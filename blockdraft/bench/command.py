@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from blockdraft.bench.runner import BenchSettings, resolved_sampler
+from blockdraft.bench.runner import BenchSettings, method_sampler
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ def compared_methods(methods: list[str], settings: Any) -> list[str]:
         return methods
 
     def gumbel(method: str) -> bool:  # dflash-...[+SAMPLER][@DRAFTER]
-        return resolved_sampler(method.partition("@")[0].partition("+")[2] or settings.samplers[0]) == "gumbel"
+        return method_sampler(method, settings.samplers[0]) == "gumbel"
 
     return [m for m in methods if gumbel(m) and gumbel("no_draft") and not m.startswith("hf_")]
 

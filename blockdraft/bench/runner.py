@@ -179,6 +179,11 @@ def _drafter_pipeline(pipe: Pipeline, method: str) -> tuple[Pipeline, str]:
     return alternates[label] or pipe, method
 
 
+def method_sampler(method: str, default: str) -> str:
+    """The sampler a method names (`dflash-ngram+gumbel@v2` -> gumbel; none named: `default`), resolved."""
+    return resolved_sampler(method.partition("@")[0].partition("+")[2] or default)
+
+
 def resolved_sampler(sampler: str) -> str:
     """The sampler a run uses. Every bench run is seeded, but "auto" measures what a request without a seed
     gets: the rejection rule, which repeats token for token only with a fixed verify length (the adaptive
@@ -272,9 +277,9 @@ def _hf_run(pipe: Pipeline, ids: list[int], method: str, s: BenchSettings, stops
 
 
 def _options(method: str, s: BenchSettings, stops: tuple[int, ...], seed: int) -> DecodeOptions:
-    method, _, sampler = method.partition("@")[0].partition("+")
+    sampling = SamplingParams(s.temperature, 0, s.top_p, seed, sampler=method_sampler(method, s.samplers[0]))
+    method = method.partition("@")[0].partition("+")[0]
     block = int(method.split("-")[1][1:]) if method.startswith("dflash-b") else None
-    sampling = SamplingParams(s.temperature, 0, s.top_p, seed, sampler=resolved_sampler(sampler or s.samplers[0]))
     return DecodeOptions(max_new_tokens=s.max_new_tokens, block_size=block, no_draft=method == "no_draft",
                          stop_token_ids=stops, sampling=sampling,
                          verify="adaptive" if "-adaptive" in method else "fixed", ngram=method.endswith("-ngram"),
