@@ -158,7 +158,13 @@ def run_export(args: argparse.Namespace) -> int:
     from blockdraft.train.stash import stashed_drafter
 
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = load_drafter(stashed_drafter(Path(args.drafter), Path(tmp)) or args.drafter)
+        stashed = stashed_drafter(Path(args.drafter), Path(tmp))
+        try:
+            drafter = load_drafter(stashed or args.drafter)
+        except BlockdraftError as e:  # name the stash the user gave, not the folder rebuilt from it
+            if stashed is None:
+                raise
+            raise type(e)(f"--drafter {args.drafter} (its latest stashed step, {stashed.parent.name}): {e}") from e
     target = export_target(drafter.config, args.target)
     if args.draft_vocab is not None:
         drafter.draft_vocab = _draft_vocab(args, target[0] if target else DEFAULT_TARGET) if args.draft_vocab else None

@@ -17,12 +17,11 @@ INIT=${1:-blockdraft/weights/smollm2-135m-instruct-dflash}
 DATA=data/regenerated/smollm2-135m-instruct-sharegpt
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "no .venv: run 'make run' first" >&2; exit 1; }
-if compgen -G "$INIT/step-*/manifest.json" > /dev/null; then  # a campaign's stash (train --stash): its latest drafter
-    restored=$(mktemp -d)
-    trap 'rm -rf "$restored"' EXIT
-    INIT=$("$PY" -c "import sys; from pathlib import Path; from blockdraft.train.stash import restore_checkpoint
-print(restore_checkpoint(Path(sys.argv[1]), Path(sys.argv[2])) / 'drafter')" "$INIT" "$restored")
-fi
+restored=$(mktemp -d)
+trap 'rm -rf "$restored"' EXIT
+# a campaign's stash (train --stash) gives its latest step's drafter; a drafter folder is itself
+INIT=$("$PY" -c "import sys; from pathlib import Path; from blockdraft.train.stash import stashed_drafter
+print(stashed_drafter(Path(sys.argv[1]), Path(sys.argv[2])) or sys.argv[1])" "$INIT" "$restored")
 [ -f "$INIT/model.safetensors" ] || { echo "$INIT: expected a drafter folder with model.safetensors, or a stash" >&2; exit 1; }
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b/whl .gpu/b/init .gpu/c
 

@@ -369,7 +369,8 @@ class Trainer:
         if self.rank == 0:
             self._save(step)
             save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
-        self._evaluate(step)
+        if not _evaluated(out / "metrics.jsonl", step):  # a finished run started again, or a budget stop right
+            self._evaluate(step)                          # after an evaluation: no second row for the step
         if self.rank == 0 and self.cfg.stash:  # the final evaluation joins the stashed curve
             stash_metrics(self.out / "metrics.jsonl", Path(self.cfg.stash))
         return out / "final"
@@ -438,6 +439,12 @@ def _summarise(window: list[dict[str, Any]], step: int, epoch: float, lr: float,
             "slot_accuracy": (acc / counts.clamp_min(1)).tolist(),
             "tau_estimate": estimated_acceptance_length(prefix, blocks),
             "tokens_per_second": sum(w["tokens"] for w in window) / max(seconds, 1e-9)}
+
+
+def _evaluated(path: Path, step: int) -> bool:
+    """Whether the run's metrics already hold an evaluation at `step`."""
+    return path.is_file() and any('"eval_acceptance_length"' in line and json.loads(line)["step"] == step
+                                  for line in path.read_text().splitlines())
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

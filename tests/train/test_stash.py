@@ -35,8 +35,12 @@ def test_a_stashed_run_goes_on_from_a_fresh_folder_to_the_same_weights(tiny_targ
     assert [r["step"] for r in rows] == [*range(1, 11), 10] and rows[:6] == first[:6]  # they came with the stash
     assert [p.name for p in stash.glob("step-*")] == ["step-0000010"]
     # the final evaluation is in the stashed curve, and `export` takes the stash for its latest drafter
-    assert "eval_acceptance_length" in rows[-1] and (stash / "metrics.jsonl").read_text().splitlines() == [
-        line for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
+    curve = (stash / "metrics.jsonl").read_text()
+    assert "eval_acceptance_length" in rows[-1] and curve == (tmp_path / "second" / "metrics.jsonl").read_text()
+    # the finished run started again (the next session's same command) evaluates nothing twice
+    assert main([*common, "--out", str(tmp_path / "third"), "--stash", str(stash), "--resume", "--eval-prompts", "1",
+                 "--eval-max-new-tokens", "4"]) == 0
+    assert (stash / "metrics.jsonl").read_text() == curve
     assert main(["export", "--drafter", str(stash), "--out", str(tmp_path / "exported"), "--dtype", "float32"]) == 0
     exported = _tensors(tmp_path / "exported")
     assert exported.keys() == second.keys() and all(torch.equal(exported[k], second[k]) for k in second)
@@ -81,3 +85,11 @@ def test_a_damaged_piece_is_named_and_nothing_is_restored(checkpoint, tmp_path):
     assert restore_checkpoint(tmp_path / "empty", tmp_path / "elsewhere") is None
     with pytest.raises(InvalidArgumentError, match="piece_bytes=0"):
         stash_checkpoint(checkpoint, tmp_path / "stash", piece_bytes=0)
+
+
+def test_export_of_a_bad_stashed_drafter_names_the_stash(checkpoint, tmp_path, capsys):
+    stash_checkpoint(checkpoint, tmp_path / "stash")  # its drafter's config.json is no drafter config
+    assert main(["export", "--drafter", str(tmp_path / "stash"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--drafter {tmp_path / 'stash'} (its latest stashed step, step-0000042)" in err
+    assert not (tmp_path / "out").exists()
