@@ -23,6 +23,13 @@ case "$STAGE" in
   1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 ;;
   *) echo "campaign.sh: STAGE=$STAGE: expected 1" >&2; exit 2 ;;
 esac
+# a finished stage has nothing to do: say so before a fresh machine spends ~70 min rebuilding the feature cache
+last=$(ls -d "$STASH/stage$STAGE"/step-[0-9]* 2>/dev/null | tail -1)
+if [ -n "$last" ] && "${PY:-.venv/bin/python}" -c "import json, sys; t = json.load(open(sys.argv[1]))
+sys.exit(t['step'] != t['total_steps'])" "$last/trainer.json"; then
+    echo "campaign.sh: stage $STAGE finished at $(basename "$last") ($STASH/stage$STAGE); nothing to do" >&2
+    exit 0
+fi
 exec "${PY:-.venv/bin/python}" -m blockdraft.cli train --out "$HOME_DIR/campaign/v2-stage$STAGE" \
     --stash "$STASH/stage$STAGE" --resume --init "$INIT" "${DATA[@]}" \
     --layers 2 --block-size 16 --target-layer-ids 1,8,14,20,27 --loss acceptance --vocab data \
