@@ -6,7 +6,8 @@
 #   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
 #
 # 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the regenerated
-#    answers, into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships;
+#    answers, into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships (git ignores it under
+#    docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
 # 2. acceptance: the engine's greedy acceptance at block 16 with fixed verify and no lookups, of both drafters over
 #    the same plain continuations (`bench --replay`: cycle for cycle the engine's), 80 MT-Bench + 80 held-out
 #    ShareGPT first turns x 256 tokens (OUT/replay);
@@ -15,6 +16,8 @@
 # 4. speed: the README's benchmark (8 MT-Bench + 8 HumanEval first turns, 256 tokens) with both drafters side by
 #    side in one process, the default (lookups) and the drafter alone, at T=0 and T=0.7 (OUT/t0, OUT/t07).
 # About 1.5 h on a 2-core CPU with nothing else running: pause the campaign first (scripts/campaign.sh).
+# A step whose results are in OUT already is skipped, so a run stopped between steps (a session's end) goes on
+# with the same command; OUT/candidate.sha256 ties OUT to CHECKPOINT's weights, and another CHECKPOINT is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CAND=${1:?usage: scripts/ship_drafter.sh CHECKPOINT [OUT]}
@@ -27,9 +30,18 @@ HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 -
 SINGLE="--dataset mt-bench --dataset humaneval --max-samples $SPEED --turns 1 --max-new-tokens $TOKENS"
 BOTH=(--drafter "v1=$V1" --drafter "v2=$OUT/drafter")
 mkdir -p "$OUT"
-$BD export --drafter "$CAND" --out "$OUT/drafter" --dtype bfloat16 --draft-vocab 16384 --data "$REGEN"
-$BD bench $HELD --replay --block-sizes 16 --batch 16 "${BOTH[@]}" --out "$OUT/replay"
-$BD bench $HELD --drafter "$OUT/drafter" --methods dflash,no_draft --verify fixed --block-sizes 16 --batch 16 \
-    --batch-only --out "$OUT/identical"
-$BD bench $SINGLE "${BOTH[@]}" --methods dflash_ngram,dflash,no_draft --out "$OUT/t0"
-$BD bench $SINGLE "${BOTH[@]}" --methods dflash_ngram,dflash,no_draft --temperature 0.7 --out "$OUT/t07"
+weights=$(find "$CAND" -name 'model.safetensors*' | sort | xargs -r sha256sum | cut -d' ' -f1 | sha256sum | cut -d' ' -f1)
+[ -n "$(find "$CAND" -name 'model.safetensors*')" ] || { echo "$CAND: expected a drafter folder or a stash" >&2; exit 2; }
+[ -f "$OUT/candidate.sha256" ] || echo "$weights $CAND" > "$OUT/candidate.sha256"
+[ "$(cut -d' ' -f1 "$OUT/candidate.sha256")" = "$weights" ] || {
+    echo "$OUT holds the results of $(cut -d' ' -f2- "$OUT/candidate.sha256"), not $CAND: expected a fresh OUT" >&2
+    exit 2; }
+have() { [ -e "$OUT/$1" ] && echo "ship_drafter.sh: $OUT/$1 is there already: step skipped" >&2; }
+have drafter/model.safetensors ||
+    $BD export --drafter "$CAND" --out "$OUT/drafter" --dtype bfloat16 --draft-vocab 16384 --data "$REGEN"
+have replay/bench.json || $BD bench $HELD --replay --block-sizes 16 --batch 16 "${BOTH[@]}" --out "$OUT/replay"
+have identical/bench.json || $BD bench $HELD --drafter "$OUT/drafter" --methods dflash,no_draft --verify fixed \
+    --block-sizes 16 --batch 16 --batch-only --out "$OUT/identical"
+have t0/bench.json || $BD bench $SINGLE "${BOTH[@]}" --methods dflash_ngram,dflash,no_draft --out "$OUT/t0"
+have t07/bench.json ||
+    $BD bench $SINGLE "${BOTH[@]}" --methods dflash_ngram,dflash,no_draft --temperature 0.7 --out "$OUT/t07"
