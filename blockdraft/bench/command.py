@@ -203,8 +203,13 @@ def compared_methods(methods: list[str], settings: Any) -> list[str]:
     return [m for m in methods if gumbel(m) and gumbel("no_draft") and not m.startswith("hf_")]
 
 
-def settings_line(settings: Any) -> str:
+def settings_line(settings: Any, replay: bool = False) -> str:
     """Which settings a run measures, in words (printed at the start and kept in the Markdown)."""
+    if replay:  # run_replay: no method runs, the drafters replay plain greedy continuations
+        blocks = ",".join(map(str, settings.block_sizes)) or "the drafter's trained size"
+        return (f"replay of plain greedy continuations, {settings.max_new_tokens} new tokens: the engine's greedy "
+                f"acceptance at block {blocks}, trees {','.join(map(str, settings.trees))}, fixed verify, "
+                "no looked-up drafts")
     default = (settings.verify == ("adaptive",) and "dflash_ngram" in settings.methods)
     return (f"methods {','.join(settings.methods)}, verify {','.join(settings.verify)}, T={settings.temperature:g}"
             + (f", sampler {','.join(settings.samplers)}" if settings.temperature > 0 else "") + ", "
@@ -222,7 +227,7 @@ def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], metho
                        "compile": args.compile,
                        "untrained_drafter": pipe.untrained_drafter,
                        "datasets": {d: len(p) for d, p in prompts.items()}, "methods": methods,
-                       "measures": settings_line(settings),
+                       "measures": settings_line(settings, args.replay),
                        "settings": vars(settings) | {"block_sizes": list(settings.block_sizes)}}}
 
 

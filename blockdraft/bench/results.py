@@ -19,6 +19,11 @@ from blockdraft.files import atomic_path
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 DEFAULT, DRAFTER_ONLY = "dflash-b16-adaptive-ngram", "dflash-b16-adaptive"  # generate's default; --no-ngram
+TREE, DRAFTER_ONLY_TREE = "dflash-b16-adaptive-treeauto-ngram", "dflash-b16-adaptive-treeauto"  # --tree auto
+DRAFTING = (("**default** (drafter + looked-up drafts, adaptive verify)", DEFAULT),
+            ("default + draft trees (`--tree auto`)", TREE),
+            ("drafter only (`--no-ngram`)", DRAFTER_ONLY),
+            ("drafter only + draft trees (`--no-ngram --tree auto`)", DRAFTER_ONLY_TREE))
 
 
 def load_runs(folder: Path) -> dict[str, dict[str, Any]]:
@@ -43,8 +48,9 @@ def machine(env: dict[str, Any]) -> str:
 
 def single_stream_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
     rows = []
-    for label, method in (("**default** (drafter + looked-up drafts, adaptive verify)", DEFAULT),
-                          ("drafter only (`--no-ngram`)", DRAFTER_ONLY)):
+    for label, method in DRAFTING:
+        if not all(method in runs[run]["summaries"]["overall"] for run in ("t0", "t07")):
+            continue  # the tree rows come from runs with `--tree off,auto`
         cells = []
         for run in ("t0", "t07"):
             r = runs[run]["summaries"]["overall"][method]

@@ -82,7 +82,9 @@ def test_replay_reports_greedy_acceptance_per_block_size(tiny_target_dir, tmp_pa
                           "--out", str(tmp_path / "e")]) == 0
     engine = json.loads((tmp_path / "e" / "bench.json").read_text())["batch_by_dataset"]["p"]["dflash-b4"]
     assert replay["mean_acceptance_length"]["b4"] == pytest.approx(engine["mean_acceptance_length"], abs=0.2)
-    assert "Greedy acceptance length by replay" in (tmp_path / "r" / "bench.md").read_text()
+    md = (tmp_path / "r" / "bench.md").read_text()
+    assert "Greedy acceptance length by replay" in md
+    assert md.startswith("Settings: replay of plain greedy continuations") and "block 2,4, trees off" in md
     assert main(common + ["--replay", "--temperature", "0.7", "--out", str(tmp_path / "x")]) == 2
     assert "--replay measures greedy acceptance: expected --temperature 0, got 0.7" in capsys.readouterr().err
 
