@@ -153,7 +153,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "cpu_model": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(dtype).replace("torch.", ""), "git_commit": _git_commit(),
+        "dtype": str(dtype).replace("torch.", ""), "git_commit": _git_commit(), "git_dirty": _git_dirty(),
     }
 
 
@@ -175,6 +175,22 @@ def _git_commit() -> str | None:
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _git_dirty() -> bool | None:
+    """Whether tracked files differ from that commit (e.g. weights copied in before they were committed)."""
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD"], capture_output=True, timeout=10)
+        return {0: False, 1: True}.get(out.returncode)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def commit_label(env: dict[str, Any]) -> str:
+    """The run's commit, short, with '+ uncommitted changes' when tracked files differed from it."""
+    commit = (env.get("git_commit") or "?")[:7]
+    return commit + (" + uncommitted changes" if env.get("git_dirty") else "")
 
 
 # ------------------------------------------------------------------ Markdown

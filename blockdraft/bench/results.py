@@ -14,6 +14,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from blockdraft.bench.report import commit_label
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
 
@@ -93,7 +94,7 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     prompts = " + ".join(f"{v} {k}" for k, v in n.items())
     head = (f"Default pair (SmolLM2-135M-Instruct + the shipped drafter), {prompts} first turns, "
             f"{t0['config']['settings']['max_new_tokens']} new tokens, one process side by side; "
-            f"{machine(t0['environment'])}; commit {(t0['environment'].get('git_commit') or '?')[:7]}, "
+            f"{machine(t0['environment'])}; commit {commit_label(t0['environment'])}, "
             f"{date.today().isoformat()}.")
     lines = [head, "",
              "| single stream | T=0 tok/s | x plain | x HF | T=0.7 tok/s | x plain | x HF | identical (T=0) |",

@@ -25,7 +25,7 @@ def test_bench_writes_json_markdown_and_plots(tiny_target_dir, tmp_path, capsys)
     assert set(result) >= {"environment", "config", "summaries", "records", "cost", "plots"}
     env = result["environment"]
     assert env["packages"]["torch"].split("+")[0] == torch.__version__.split("+")[0] and env["dtype"] == "float32"
-    assert set(env) >= {"device", "torch_threads", "cpu_count", "git_commit", "python"}
+    assert set(env) >= {"device", "torch_threads", "cpu_count", "git_commit", "git_dirty", "python"}
     # no method flags: what `blockdraft generate` does by default (adaptive verify + lookups), and the baselines
     default = ["dflash-b2-adaptive-ngram", "dflash-b4-adaptive-ngram"]
     assert result["config"]["methods"] == default + ["no_draft", "hf_generate"]

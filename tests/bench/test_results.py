@@ -48,6 +48,15 @@ def test_table_from_runs_and_readme_markers(tmp_path):
     assert "tree" not in body
 
 
+def test_a_run_with_uncommitted_changes_says_so(tmp_path):
+    write_runs(tmp_path)
+    bench = tmp_path / "t0" / "bench.json"
+    data = json.loads(bench.read_text())
+    data["environment"]["git_dirty"] = True
+    bench.write_text(json.dumps(data))
+    assert "commit abcdef0 + uncommitted changes," in results.table(results.load_runs(tmp_path))
+
+
 def test_tree_rows_come_from_tree_runs(tmp_path):
     write_runs(tmp_path, trees=True)
     text = results.table(results.load_runs(tmp_path))
