@@ -206,16 +206,19 @@ def compared_methods(methods: list[str], settings: Any) -> list[str]:
 def settings_line(settings: Any, replay: bool = False) -> str:
     """Which settings a run measures, in words (printed at the start and kept in the Markdown)."""
     if replay:  # run_replay: no method runs, the drafters replay plain greedy continuations
-        blocks = ",".join(map(str, settings.block_sizes)) or "the drafter's trained size"
+        blocks = (f"block {','.join(map(str, settings.block_sizes))}" if settings.block_sizes
+                  else "the drafter's trained block size")
         return (f"replay of plain greedy continuations, {settings.max_new_tokens} new tokens: the engine's greedy "
-                f"acceptance at block {blocks}, trees {','.join(map(str, settings.trees))}, fixed verify, "
+                f"acceptance at {blocks}, trees {','.join(map(str, settings.trees))}, fixed verify, "
                 "no looked-up drafts")
-    default = (settings.verify == ("adaptive",) and "dflash_ngram" in settings.methods)
-    return (f"methods {','.join(settings.methods)}, verify {','.join(settings.verify)}, T={settings.temperature:g}"
+    trees = tuple(map(str, settings.trees))
+    default = (settings.verify == ("adaptive",) and "dflash_ngram" in settings.methods and "off" in trees)
+    return (f"methods {','.join(settings.methods)}, verify {','.join(settings.verify)}"
+            + (f", trees {','.join(trees)}" if trees != ("off",) else "") + f", T={settings.temperature:g}"
             + (f", sampler {','.join(settings.samplers)}" if settings.temperature > 0 else "") + ", "
             f"top-p {settings.top_p:g}, {settings.max_new_tokens} new tokens"
             + ("; dflash_ngram + adaptive is what `blockdraft generate` does by default" if default else
-               "; not generate's default (that is --methods dflash_ngram --verify adaptive)"))
+               "; not generate's default (that is --methods dflash_ngram --verify adaptive --tree off)"))
 
 
 def _header(args: argparse.Namespace, pipe: Any, prompts: dict[str, list], methods: list[str],

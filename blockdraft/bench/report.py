@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
@@ -29,6 +28,7 @@ from blockdraft.bench.metrics import (
     speedup,
     target_tokens_per_committed,
 )
+from blockdraft.bench.provenance import git_provenance
 from blockdraft.bench.runner import Record
 from blockdraft.files import atomic_path
 
@@ -153,7 +153,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "cpu_model": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(dtype).replace("torch.", ""), "git_commit": _git_commit(), "git_dirty": _git_dirty(),
+        "dtype": str(dtype).replace("torch.", ""), **git_provenance(),
     }
 
 
@@ -166,31 +166,6 @@ def _cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
-
-
-def _git_commit() -> str | None:
-    try:
-        root = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _git_dirty() -> bool | None:
-    """Whether tracked files differ from that commit (e.g. weights copied in before they were committed)."""
-    try:
-        root = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD"], capture_output=True, timeout=10)
-        return {0: False, 1: True}.get(out.returncode)
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def commit_label(env: dict[str, Any]) -> str:
-    """The run's commit, short, with '+ uncommitted changes' when tracked files differed from it."""
-    commit = (env.get("git_commit") or "?")[:7]
-    return commit + (" + uncommitted changes" if env.get("git_dirty") else "")
 
 
 # ------------------------------------------------------------------ Markdown

@@ -14,7 +14,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from blockdraft.bench.report import commit_label
+from blockdraft.bench.provenance import commit_label
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
 
@@ -47,11 +47,22 @@ def machine(env: dict[str, Any]) -> str:
             f"{env['torch_threads']} threads, {env['dtype']}")
 
 
+def _present(runs: dict[str, dict[str, Any]], method: str) -> bool:
+    """Whether both single-stream runs hold `method`: the tree rows are optional (runs with `--tree off,auto`),
+    the others are not, and a row measured at one temperature only is an error."""
+    have = [run for run in ("t0", "t07") if method in runs[run]["summaries"]["overall"]]
+    if len(have) == 2 or (not have and method in (TREE, DRAFTER_ONLY_TREE)):
+        return bool(have)
+    missing = sorted({"t0", "t07"} - set(have))
+    raise InvalidArgumentError(f"{'/'.join(missing)}/bench.json has no {method!r}: expected the single-stream runs "
+                               "of scripts/results.sh, both with the same --methods and --tree")
+
+
 def single_stream_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
     rows = []
     for label, method in DRAFTING:
-        if not all(method in runs[run]["summaries"]["overall"] for run in ("t0", "t07")):
-            continue  # the tree rows come from runs with `--tree off,auto`
+        if not _present(runs, method):
+            continue
         cells = []
         for run in ("t0", "t07"):
             r = runs[run]["summaries"]["overall"][method]
@@ -59,6 +70,7 @@ def single_stream_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
         same = runs["t0"]["summaries"]["overall"][method]
         rows.append(f"| {label} | " + " | ".join(cells) + f" | {same['identical_to_no_draft']}/{same['compared']} |")
     for label, method in (("plain decoding (ours)", "no_draft"), ("Hugging Face `generate()`", "hf_generate")):
+        _present(runs, method)
         cells = []
         for run in ("t0", "t07"):
             r = runs[run]["summaries"]["overall"][method]
@@ -94,7 +106,7 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     prompts = " + ".join(f"{v} {k}" for k, v in n.items())
     head = (f"Default pair (SmolLM2-135M-Instruct + the shipped drafter), {prompts} first turns, "
             f"{t0['config']['settings']['max_new_tokens']} new tokens, one process side by side; "
-            f"{machine(t0['environment'])}; commit {commit_label(t0['environment'])}, "
+            f"{machine(t0['environment'])}; commit {commit_label(run['environment'] for run in runs.values() if 'environment' in run)}, "
             f"{date.today().isoformat()}.")
     lines = [head, "",
              "| single stream | T=0 tok/s | x plain | x HF | T=0.7 tok/s | x plain | x HF | identical (T=0) |",

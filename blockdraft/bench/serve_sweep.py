@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from blockdraft.bench.datasets import bench_prompts
 from blockdraft.bench.load_client import api_root, chat_payload, resolve_model, send_request, server_sweep
-from blockdraft.bench.report import commit_label
+from blockdraft.bench.provenance import commit_label
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
 from blockdraft.files import atomic_path
 from blockdraft.prompts import Prompt
@@ -383,7 +383,7 @@ def machine_line(env: dict[str, Any]) -> str:
     commit = env.get("git_commit")
     return (f"Machine: {env.get('cpu_model') or 'unknown CPU'} ({env.get('cpu_capability', '?')}), "
             f"{env.get('cpu_count', '?')} cores, torch {env.get('packages', {}).get('torch', '?')}"
-            + (f", blockdraft at {commit_label(env)}." if commit else "."))
+            + (f", blockdraft at {commit_label([env])}." if commit else "."))
 
 
 def _order(result: dict[str, Any]) -> str:

@@ -84,7 +84,7 @@ def test_replay_reports_greedy_acceptance_per_block_size(tiny_target_dir, tmp_pa
     assert replay["mean_acceptance_length"]["b4"] == pytest.approx(engine["mean_acceptance_length"], abs=0.2)
     md = (tmp_path / "r" / "bench.md").read_text()
     assert "Greedy acceptance length by replay" in md
-    assert md.startswith("Settings: replay of plain greedy continuations") and "block 2,4, trees off" in md
+    assert md.startswith("Settings: replay of plain greedy continuations") and "at block 2,4, trees off," in md
     assert main(common + ["--replay", "--temperature", "0.7", "--out", str(tmp_path / "x")]) == 2
     assert "--replay measures greedy acceptance: expected --temperature 0, got 0.7" in capsys.readouterr().err
 
@@ -171,3 +171,14 @@ def test_drafter_values_name_labels_and_folders(tmp_path):
     seeded = compared_methods(methods, BenchSettings(temperature=0.7, samplers=("gumbel", "rejection")))
     assert seeded == ["dflash-b16+gumbel@v1", "dflash-b16+gumbel@v2", "no_draft"]  # no_draft samples with gumbel
     assert compared_methods(methods, BenchSettings(temperature=0.7, samplers=("rejection", "gumbel"))) == []
+
+
+def test_settings_line_names_trees_and_the_default_only_with_chains():
+    from blockdraft.bench.command import settings_line
+    from blockdraft.bench.runner import BenchSettings
+
+    both = settings_line(BenchSettings(trees=("off", "auto")))
+    assert "verify adaptive, trees off,auto, T=0" in both and both.endswith("does by default")
+    assert "not generate's default" in settings_line(BenchSettings(trees=("auto",)))
+    assert "trees" not in settings_line(BenchSettings())
+    assert "at the drafter's trained block size, trees off," in settings_line(BenchSettings(), replay=True)

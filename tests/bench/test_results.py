@@ -48,13 +48,30 @@ def test_table_from_runs_and_readme_markers(tmp_path):
     assert "tree" not in body
 
 
+def edit(folder, run, change):
+    bench = folder / run / "bench.json"
+    data = json.loads(bench.read_text())
+    change(data)
+    bench.write_text(json.dumps(data))
+
+
 def test_a_run_with_uncommitted_changes_says_so(tmp_path):
     write_runs(tmp_path)
-    bench = tmp_path / "t0" / "bench.json"
-    data = json.loads(bench.read_text())
-    data["environment"]["git_dirty"] = True
-    bench.write_text(json.dumps(data))
+    edit(tmp_path, "t07", lambda d: d["environment"].update(git_dirty=True))
     assert "commit abcdef0 + uncommitted changes," in results.table(results.load_runs(tmp_path))
+    edit(tmp_path, "t0", lambda d: d["environment"].update(git_commit="1234567890"))
+    assert "commit 1234567, abcdef0 + uncommitted changes," in results.table(results.load_runs(tmp_path))
+
+
+def test_a_row_missing_from_one_run_is_a_clear_error(tmp_path):
+    write_runs(tmp_path, trees=True)
+    edit(tmp_path, "t07", lambda d: d["summaries"]["overall"].pop(results.TREE))
+    with pytest.raises(InvalidArgumentError, match="t07/bench.json has no 'dflash-b16-adaptive-treeauto-ngram'"):
+        results.table(results.load_runs(tmp_path))
+    write_runs(tmp_path / "x")
+    edit(tmp_path / "x", "t0", lambda d: d["summaries"]["overall"].pop(results.DEFAULT))
+    with pytest.raises(InvalidArgumentError, match="t0/bench.json has no 'dflash-b16-adaptive-ngram'"):
+        results.table(results.load_runs(tmp_path / "x"))
 
 
 def test_tree_rows_come_from_tree_runs(tmp_path):
