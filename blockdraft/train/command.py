@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
 
@@ -70,7 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="embedding row of the MASK token (default: the tokenizer's mask token or an unused special one)")
     t.add_argument("--sliding-window", type=int, default=None,
                    help="make every draft layer but the last a sliding-window layer of this many tokens")
-    t.add_argument("--init", default=None, help="start from this drafter folder instead of random weights")
+    t.add_argument("--init", default=None, help="start from this drafter folder, or the latest step of a --stash folder, instead of "
+                        "random weights")
     t.add_argument("--init-from-target", action="store_true",
                    help="start the layers as copies of the target's last layers (fc picks the deepest feature)")
     t.add_argument("--epochs", type=float, default=6.0, help="passes over the data (default 6; fractions allowed)")
@@ -230,7 +232,7 @@ def _train(args: argparse.Namespace) -> Path:
     if args.resume and _checkpoints(out):
         drafter = load_drafter(_checkpoints(out)[-1] / "drafter", device=target.device).train()
     elif args.init:
-        drafter = load_drafter(args.init, device=target.device).train()
+        drafter = _init_drafter(args.init, target.device)
     else:
         mask = args.mask_token_id if args.mask_token_id is not None else \
             mask_token_for(args.target, target.tokenizer, target.vocab_size)
@@ -303,6 +305,18 @@ def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int 
 def _settings(folder: str) -> dict:
     meta = Path(folder) / "meta.json"
     return json.loads(meta.read_text()).get("settings", {}) if meta.is_file() else {}
+
+
+def _init_drafter(init: str, device: Any) -> Any:
+    """--init: a drafter folder, or a training stash (its latest step's drafter, in the fp32 it trained in): a
+    later stage of a campaign starts from an earlier stage's stash on a schedule of its own."""
+    import tempfile
+
+    from blockdraft.modeling.checkpoint import load_drafter
+    from blockdraft.train.stash import stashed_drafter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_drafter(stashed_drafter(Path(init), Path(tmp)) or init, device=device).train()
 
 
 def _as_prompt(messages: list[dict[str, str]]):

@@ -44,6 +44,10 @@ def test_a_stashed_run_goes_on_from_a_fresh_folder_to_the_same_weights(tiny_targ
     assert main(["export", "--drafter", str(stash), "--out", str(tmp_path / "exported"), "--dtype", "float32"]) == 0
     exported = _tensors(tmp_path / "exported")
     assert exported.keys() == second.keys() and all(torch.equal(exported[k], second[k]) for k in second)
+    # a later stage starts from the stash's weights (`--init STASH`) on a schedule of its own
+    assert main([*common, "--out", str(tmp_path / "stage2"), "--init", str(stash), "--max-steps", "0"]) == 0
+    stage2 = _tensors(tmp_path / "stage2" / "final")
+    assert stage2.keys() == second.keys() and all(torch.equal(stage2[k], second[k]) for k in second)
 
 
 @pytest.fixture
