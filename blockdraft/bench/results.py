@@ -104,9 +104,10 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     t0 = runs["t0"]
     n = t0["config"]["datasets"]
     prompts = " + ".join(f"{v} {k}" for k, v in n.items())
+    commits = commit_label(run["environment"] for run in runs.values() if "environment" in run)
     head = (f"Default pair (SmolLM2-135M-Instruct + the shipped drafter), {prompts} first turns, "
             f"{t0['config']['settings']['max_new_tokens']} new tokens, one process side by side; "
-            f"{machine(t0['environment'])}; commit {commit_label(run['environment'] for run in runs.values() if 'environment' in run)}, "
+            f"{machine(t0['environment'])}; commit {commits}, "
             f"{date.today().isoformat()}.")
     lines = [head, "",
              "| single stream | T=0 tok/s | x plain | x HF | T=0.7 tok/s | x plain | x HF | identical (T=0) |",
