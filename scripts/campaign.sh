@@ -2,8 +2,9 @@
 # Drafter v2's training campaign on this CPU (issue 36; recipe and reasons in docs/training.md, "The v2 campaign").
 # One command for every session: it trains in the background on both cores and keeps its latest checkpoint
 # (weights, AdamW moments, step, metrics) in data/checkpoints/v2-campaign as pieces of at most 32 MiB, to commit at
-# the end of a session. On a fresh machine the same command restores that stash and goes on bitwise; the feature
-# cache is rebuilt first (~70 min for the 5,101 answers here).
+# the end of a session. On a fresh machine the same command restores that stash and goes on bitwise. Stage 1 built
+# its feature cache first (~70 min for the 5,101 answers here); stage 2 fills its cache as it goes (--features
+# lazy), so a fresh machine trains at once and pays the target's forward for a sequence's first use only.
 #
 #   nohup scripts/campaign.sh > /tmp/campaign.log 2>&1 &
 #   kill -STOP $(pgrep -f "train --out .*campaign/v2")      # pause it for a benchmark (never measure next to it)
@@ -18,13 +19,17 @@ HOME_DIR=${BLOCKDRAFT_HOME:-$HOME/.cache/blockdraft}
 FEATURES=${FEATURES:-$HOME_DIR/scaling/features}  # the scaling runs' fp16 cache: layers 1,8,14,20,27 of every answer
 STASH=${STASH:-data/checkpoints/v2-campaign}
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
+TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2
 V1=blockdraft/weights/smollm2-135m-instruct-dflash
+# A stage's data must not change while it runs (--resume refuses a changed sequence list): new answers go to a
+# folder of their own, for the next stage.
 case "$STAGE" in
-  1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 ;;
-  *) echo "campaign.sh: STAGE=$STAGE: expected 1" >&2; exit 2 ;;
+  1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 FEATS=(--features cache --feature-cache "$FEATURES") ;;
+  2) INIT=data/checkpoints/v2-campaign/stage1 DATA=(--data "$REGEN" --data "$TURN2") EPOCHS=2 LR=2e-4 FEATS=(--features lazy) ;;
+  *) echo "campaign.sh: STAGE=$STAGE: expected 1 or 2" >&2; exit 2 ;;
 esac
 # a finished stage has nothing to do: say so before a fresh machine spends ~70 min rebuilding the feature cache
-last=$(ls -d "$STASH/stage$STAGE"/step-[0-9]* 2>/dev/null | tail -1)
+last=$(ls -d "$STASH/stage$STAGE"/step-[0-9]* 2>/dev/null | tail -1 || true)  # none yet: a new stage
 if [ -n "$last" ] && "${PY:-.venv/bin/python}" -c "import json, sys; t = json.load(open(sys.argv[1]))
 sys.exit(t['step'] != t['total_steps'])" "$last/trainer.json"; then
     echo "campaign.sh: stage $STAGE finished at $(basename "$last") ($STASH/stage$STAGE); nothing to do" >&2
@@ -34,5 +39,5 @@ exec "${PY:-.venv/bin/python}" -m blockdraft.cli train --out "$HOME_DIR/campaign
     --stash "$STASH/stage$STAGE" --resume --init "$INIT" "${DATA[@]}" \
     --layers 2 --block-size 16 --target-layer-ids 1,8,14,20,27 --loss acceptance --vocab data \
     --max-anchors 64 --batch-size 2 --epochs "$EPOCHS" --lr "$LR" --max-len 1024 --autocast bf16 \
-    --features cache --feature-cache "$FEATURES" --save-every 250 \
+    "${FEATS[@]}" --save-every 250 \
     --eval-every 1000 --eval-prompts 24 --eval-max-new-tokens 128 --seed 0 "$@"

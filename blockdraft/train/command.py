@@ -93,9 +93,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--attention", choices=("auto", "sdpa", "grouped", "flex"), default="auto",
                    help="training attention: flex_attention block masks (auto on CUDA), dense masks + SDPA cut into "
                         "query groups (auto elsewhere), or whole dense masks + SDPA")
-    t.add_argument("--features", choices=("online", "cache", "memory"), default="online",
-                   help="online: run the target per batch; cache: once, to disk; memory: once, kept on the device")
-    t.add_argument("--feature-cache", default=None, help="folder for --features cache (default RUN/features)")
+    t.add_argument("--features", choices=("online", "cache", "lazy", "memory"), default="online",
+                   help="online: run the target per batch; cache: once for every sequence before training, to "
+                        "disk; lazy: to the same disk cache, each sequence when a step first needs it (training "
+                        "starts at once; later epochs and runs read it back); memory: once, kept on the device")
+    t.add_argument("--feature-cache", default=None,
+                   help="folder for --features cache or lazy (default RUN/features)")
     t.add_argument("--cache-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="layers to store in a new feature cache (a superset of the drafter's lets one cache "
                         "serve several drafters); default: the drafter's")
@@ -206,12 +209,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> Path:
     """Load the target, the drafter and the data described by `args`, train, and return the final folder."""
+    import torch.distributed as dist
+
     from blockdraft.errors import InvalidArgumentError
     from blockdraft.modeling.checkpoint import load_drafter
     from blockdraft.modeling.registry import mask_token_for
     from blockdraft.train.allocator import keep_freed_memory
     from blockdraft.train.features import (
         CachedFeatures,
+        LazyCachedFeatures,
         MemoryFeatures,
         OnlineFeatures,
         build_feature_cache,
@@ -242,15 +248,21 @@ def _train(args: argparse.Namespace) -> Path:
     target.set_feature_layers(drafter.config.target_layer_ids)
     sequences = _training_sequences(args.data, target.tokenizer, args.max_len, args.limit, args.labels)
     greedy = args.labels == "target"
-    if greedy and args.features == "cache":
-        raise InvalidArgumentError("--labels target needs --features online or memory: a disk feature cache "
-                                   "does not keep the target's greedy tokens")
+    if greedy and args.features in ("cache", "lazy"):
+        raise InvalidArgumentError(f"--labels target needs --features online or memory, not {args.features}: a disk "
+                                   "feature cache does not keep the target's greedy tokens")
+    folder = Path(args.feature_cache or out / "features")
+    cache_layers = cached_layer_ids(folder) or args.cache_layer_ids or drafter.config.target_layer_ids
     if args.features == "cache":
-        folder = Path(args.feature_cache or out / "features")
-        target.set_feature_layers(cached_layer_ids(folder) or args.cache_layer_ids or drafter.config.target_layer_ids)
+        target.set_feature_layers(cache_layers)
         build_feature_cache(target, sequences, folder)
         target.set_feature_layers(drafter.config.target_layer_ids)
         features = CachedFeatures(folder, drafter.config.target_layer_ids)
+    elif args.features == "lazy":
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            raise InvalidArgumentError("--features lazy writes its cache from one process: under torch.distributed "
+                                       "use --features cache (built before training) or online")
+        features = LazyCachedFeatures(target, folder, drafter.config.target_layer_ids, cache_layer_ids=cache_layers)
     elif args.features == "memory":
         features = MemoryFeatures(target, sequences, dtype=target.dtype, greedy=greedy)
     else:
@@ -269,7 +281,11 @@ def _train(args: argparse.Namespace) -> Path:
                       autocast=args.autocast,
                       extra={"data": args.data, "target": args.target, "features": args.features,
                              "max_len": args.max_len, "sequences": len(sequences)})
-    return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
+    try:
+        return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
+    finally:
+        if isinstance(features, LazyCachedFeatures):
+            features.flush()  # also when a signal or an error ends the run: its computed features are kept
 
 
 def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int | None, labels: str):

@@ -1,4 +1,5 @@
-"""Target features for training: computed online per batch, cached once to disk, or held in (GPU) memory.
+"""Target features for training: computed online per batch, cached to disk (all at once before training, or
+lazily, as steps first need them), or held in (GPU) memory.
 
 The cache is fp16 safetensors shards (one tensor per sequence, keyed by its id) plus `index.json`; it is
 built resumably (shards written atomically, the index after each shard) and checked against the layer ids.
@@ -157,13 +158,95 @@ class CachedFeatures:
             raise InvalidArgumentError(f"sequence {seq.id!r} is not in the feature cache {self.folder}")
         if shard not in self._handles:
             self._handles[shard] = safe_open(str(self.folder / shard), framework="pt")
-        feats = self._handles[shard].get_tensor(seq.id)
+        return self._select(seq, self._handles[shard].get_tensor(seq.id))
+
+    def _select(self, seq: Sequence, feats: torch.Tensor) -> torch.Tensor:
+        """(T, K_cached*D) fp16 as stored -> (T, K*D) of the requested layers in `self.dtype`."""
         if feats.shape[0] != seq.input_ids.numel():
             raise InvalidArgumentError(f"cached features of {seq.id!r} have {feats.shape[0]} tokens, "
                                        f"the sequence has {seq.input_ids.numel()}: rebuild the cache")
-        if not self.whole:  # (T, K_cached*D) -> (T, K*D)
+        if not self.whole:
             feats = feats.view(feats.shape[0], self.num_cached, -1)[:, self.slots].flatten(1)
         return feats.to(self.dtype)
+
+
+class LazyCachedFeatures(CachedFeatures):
+    """A feature cache filled as training goes (`--features lazy`).
+
+    A sequence missing from the cache is run through the target the first time a step needs it, rounded to
+    fp16 as stored, and written with the next `shard_size` such sequences; later epochs, and later runs on the
+    same machine, read it back. Training on a fresh machine thus starts at once, paying what online features
+    cost for each sequence's first use only. A step sees the same values whether or not the cache held its
+    sequences, so a resumed run goes on bitwise. `flush()` writes what is pending; sequences computed but not
+    yet written when a process is killed are computed again by the next run.
+    """
+
+    def __init__(self, target: TargetModel, folder: str | Path, layer_ids: list[int],
+                 cache_layer_ids: list[int] | None = None, shard_size: int = 64,
+                 dtype: torch.dtype = torch.float32) -> None:
+        """`cache_layer_ids`: the layers a new cache stores (default `layer_ids`); an existing cache keeps its own."""
+        self.writer = _CacheWriter(Path(folder), cached_layer_ids(folder) or cache_layer_ids or layer_ids)
+        super().__init__(folder, layer_ids, dtype)
+        self.entries = self.writer.entries  # one dict: a written shard is readable at once
+        self.target, self.online, self.shard_size = target, OnlineFeatures(target), shard_size
+        self.pending: dict[str, torch.Tensor] = {}
+
+    def __call__(self, seq: Sequence) -> torch.Tensor:
+        if seq.id in self.entries:
+            return super().__call__(seq)
+        if seq.id not in self.pending:
+            self.pending[seq.id] = self._compute(seq)
+        feats = self._select(seq, self.pending[seq.id])
+        if len(self.pending) >= self.shard_size:
+            self.flush()
+        return feats
+
+    def flush(self) -> None:
+        """Write the pending sequences' features as one shard (atomic; nothing to do when none are pending)."""
+        if self.pending:
+            self.writer.write(self.pending)
+            self.pending = {}
+
+    def _compute(self, seq: Sequence) -> torch.Tensor:
+        """(T, K_cached*D) fp16: the cache's layers, whichever layers the target captures for the drafter."""
+        drafter_layers = self.target.feature_layer_ids
+        if drafter_layers != self.writer.layer_ids:
+            self.target.set_feature_layers(self.writer.layer_ids)
+        try:
+            return self.online(seq).to("cpu", torch.float16).contiguous()
+        finally:
+            if drafter_layers != self.writer.layer_ids:
+                self.target.set_feature_layers(drafter_layers)
+
+
+class _CacheWriter:
+    """A cache folder's index and its next shard: each shard is written atomically, then the index."""
+
+    def __init__(self, folder: Path, layer_ids: list[int]) -> None:
+        self.folder, self.index_path = folder, folder / "index.json"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.index = json.loads(self.index_path.read_text()) if self.index_path.is_file() else \
+            {"layer_ids": list(layer_ids), "dtype": "float16", "entries": {}}
+        if self.index["layer_ids"] != list(layer_ids):
+            raise InvalidArgumentError(f"feature cache {folder} holds layers {self.index['layer_ids']}, "
+                                       f"expected {list(layer_ids)}")
+        self.layer_ids: list[int] = self.index["layer_ids"]
+        self.entries: dict[str, str] = self.index["entries"]
+        self.shard_no = len(set(self.entries.values()))
+        if not self.index_path.is_file():
+            self._write_index()
+
+    def write(self, tensors: dict[str, torch.Tensor]) -> None:
+        name = f"feats-{self.shard_no:05d}.safetensors"
+        with atomic_path(self.folder / name) as tmp:
+            save_file(tensors, str(tmp))
+        self.entries.update({key: name for key in tensors})
+        self._write_index()
+        self.shard_no += 1
+
+    def _write_index(self) -> None:
+        with atomic_path(self.index_path) as tmp:
+            tmp.write_text(json.dumps(self.index))
 
 
 def cached_layer_ids(folder: str | Path) -> list[int] | None:
@@ -176,28 +259,13 @@ def build_feature_cache(target: TargetModel, sequences: list[Sequence], folder: 
                         shard_size: int = 128) -> Path:
     """Compute and store fp16 features for every sequence not cached yet (resumable)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    index_path = folder / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else \
-        {"layer_ids": target.feature_layer_ids, "dtype": "float16", "entries": {}}
-    if index["layer_ids"] != target.feature_layer_ids:
-        raise InvalidArgumentError(f"feature cache {folder} holds layers {index['layer_ids']}, "
-                                   f"expected {target.feature_layer_ids}")
-    todo = [s for s in sequences if s.id not in index["entries"]]
+    writer = _CacheWriter(folder, target.feature_layer_ids)
+    todo = [s for s in sequences if s.id not in writer.entries]
     total = sum(s.input_ids.numel() for s in sequences)
     size = feature_bytes(total, target.feature_layer_ids, target.hidden_size)
     log.warning("feature cache %s: %d sequences, %d tokens, %.2f GB on disk (%d to compute)",
                 folder, len(sequences), total, size / 1e9, len(todo))
     online = OnlineFeatures(target)
-    shard_no = len({v for v in index["entries"].values()})
     for first in tqdm(range(0, len(todo), shard_size), desc="features", unit="shard", dynamic_ncols=True):
-        chunk = todo[first:first + shard_size]
-        tensors = {s.id: online(s).to("cpu", torch.float16).contiguous() for s in chunk}
-        name = f"feats-{shard_no:05d}.safetensors"
-        with atomic_path(folder / name) as tmp:
-            save_file(tensors, str(tmp))
-        index["entries"].update({s.id: name for s in chunk})
-        with atomic_path(index_path) as tmp:
-            tmp.write_text(json.dumps(index))
-        shard_no += 1
+        writer.write({s.id: online(s).to("cpu", torch.float16).contiguous() for s in todo[first:first + shard_size]})
     return folder

@@ -1,6 +1,8 @@
 import json
 from pathlib import Path
 
+import torch
+
 from blockdraft.api import Pipeline
 from blockdraft.cli import main
 from blockdraft.modeling.checkpoint import load_drafter
@@ -45,6 +47,21 @@ def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert pipe.generate("count", max_new_tokens=8).token_ids == \
         pipe.generate("count", max_new_tokens=8, no_draft=True).token_ids
     assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5"]) == 2  # no --data
+
+
+def test_a_lazy_feature_cache_trains_the_same_weights_as_a_built_one_and_keeps_every_sequence(
+        tiny_target_dir, tmp_path, capsys):
+    data = counting_chats(tmp_path / "data")
+    common = ["train", "--target", str(tiny_target_dir), "--data", str(data), "--layers", "1", "--block-size", "4",
+              "--max-anchors", "8", "--epochs", "2", "--eval-prompts", "0", "--save-every", "100"]
+    finals = {}
+    for mode in ("cache", "lazy"):
+        assert main(common + ["--out", str(tmp_path / mode), "--features", mode]) == 0
+        finals[mode] = load_drafter(capsys.readouterr().out.strip().splitlines()[-1]).state_dict()
+    assert finals["cache"].keys() == finals["lazy"].keys()
+    assert all(torch.equal(finals["cache"][k], finals["lazy"][k]) for k in finals["cache"])
+    index = json.loads((tmp_path / "lazy" / "features" / "index.json").read_text())
+    assert sorted(index["entries"]) == [f"c{i}" for i in range(5)]  # the last, partial shard is written at the end
 
 
 def test_imported_chats_train_with_target_labels_next_to_regenerated_data(tiny_target_dir, tmp_path, capsys):

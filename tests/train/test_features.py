@@ -7,6 +7,7 @@ from blockdraft.modeling.target import TargetModel
 from blockdraft.train.data import Sequence
 from blockdraft.train.features import (
     CachedFeatures,
+    LazyCachedFeatures,
     MemoryFeatures,
     OnlineFeatures,
     build_feature_cache,
@@ -42,6 +43,36 @@ def test_a_cache_of_more_layers_serves_any_subset_in_any_order(tmp_path):
         target.set_feature_layers(subset)
         assert torch.allclose(CachedFeatures(tmp_path, subset)(seq), OnlineFeatures(target)(seq), atol=2e-3, rtol=1e-2)
     assert cached_layer_ids(tmp_path) == [0, 1, 3] and cached_layer_ids(tmp_path / "none") is None
+
+
+def test_a_lazy_cache_fills_as_steps_use_it_and_serves_what_a_built_cache_serves(tmp_path):
+    target = TargetModel(tiny_hf_model("llama", dtype=torch.float32))
+    seqs = [Sequence(f"s{i}", torch.randint(0, 96, (4 + i,)), torch.ones(4 + i, dtype=torch.bool)) for i in range(5)]
+    target.set_feature_layers([0, 1, 3])
+    build_feature_cache(target, seqs, tmp_path / "built")
+    built = CachedFeatures(tmp_path / "built", [3, 0])
+    target.set_feature_layers([3, 0])  # the drafter's layers; the cache keeps a superset
+    lazy = LazyCachedFeatures(target, tmp_path / "lazy", [3, 0], cache_layer_ids=[0, 1, 3], shard_size=2)
+    first = [lazy(s) for s in seqs[:3]]  # two written as a shard, one pending
+    assert sorted(lazy.entries) == ["s0", "s1"] and list(lazy.pending) == ["s2"]
+    assert target.feature_layer_ids == [3, 0]  # computing the cache's layers leaves the drafter's in place
+    assert all(torch.equal(got, built(s)) for got, s in zip(first, seqs))  # fp16 as stored, on first use too
+    assert torch.equal(lazy(seqs[0]), first[0])  # read back from its shard
+    lazy.flush()
+    lazy.flush()  # nothing pending: no empty shard
+    assert len(list((tmp_path / "lazy").glob("feats-*.safetensors"))) == 2
+
+    def no_target(_seq):
+        raise AssertionError("a cached sequence ran the target")
+
+    again = LazyCachedFeatures(target, tmp_path / "lazy", [0], shard_size=2)  # a later run: the cache's layers
+    again.online = no_target
+    assert torch.equal(again(seqs[2]), CachedFeatures(tmp_path / "built", [0])(seqs[2]))
+    assert cached_layer_ids(tmp_path / "lazy") == [0, 1, 3]
+    with pytest.raises(InvalidArgumentError, match=r"holds layers \[0, 1, 3\], not \[2\]"):
+        LazyCachedFeatures(target, tmp_path / "lazy", [2])
+    with pytest.raises(InvalidArgumentError, match="have 4 tokens, the sequence has 3"):
+        again(Sequence("s0", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)))
 
 
 @pytest.mark.parametrize("fast", [False, True])

@@ -1,0 +1,32 @@
+"""scripts/campaign.sh: the stage it runs, and when it has nothing to do (no training is run here)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "campaign.sh"
+
+
+def campaign(tmp_path: Path, stage: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STAGE": stage, "STASH": str(tmp_path / "stash"), "BLOCKDRAFT_HOME": str(tmp_path / "home"),
+           "PY": sys.executable}
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_new_stage_reaches_the_trainer_with_its_own_settings(tmp_path):
+    done = campaign(tmp_path, "2", "--help")  # no checkpoint stashed yet: the trainer is started (here, its help)
+    assert done.returncode == 0, done.stderr
+    assert "--features" in done.stdout and "lazy" in done.stdout
+
+
+def test_a_finished_stage_does_nothing_and_an_unknown_stage_is_an_error(tmp_path):
+    step = tmp_path / "stash" / "stage2" / "step-0000008"
+    step.mkdir(parents=True)
+    (step / "trainer.json").write_text(json.dumps({"step": 8, "total_steps": 8}))
+    done = campaign(tmp_path, "2")
+    assert done.returncode == 0 and "stage 2 finished at step-0000008" in done.stderr
+    (step / "trainer.json").write_text(json.dumps({"step": 5, "total_steps": 8}))
+    assert "stage 2 finished" not in campaign(tmp_path, "2", "--help").stderr  # unfinished: it goes on
+    bad = campaign(tmp_path, "3")
+    assert bad.returncode == 2 and "STAGE=3: expected 1 or 2" in bad.stderr
