@@ -54,6 +54,7 @@ PROBE_DRAFTS = 4  # a probe drafts this many slots
 BATCH_MARGIN = 0.05
 LOOKUP_TRIALS = 8  # looked-up drafts after each match length verified before the rate alone decides
 DRAFTER, LOOKUP = "drafter", "lookup"  # kinds of speculative cycle (`CycleOutcomes`); None: a plain one
+CHAIN, TREE = "chain", "tree"  # shapes of a cycle with the drafter's drafts: chains only, or some row's tree
 
 
 class AdaptiveVerify:
@@ -82,6 +83,7 @@ class AdaptiveVerify:
         self.drift: dict[int, CostDrift] = {}  # rows -> what the verify forwards really took, vs the curve
         self.learn_costs = learn_costs  # False: trust `cost` as given (`observe` does nothing)
         self.outcomes: dict[int, CycleOutcomes] = {}  # rows -> what whole cycles really committed per second
+        self.shapes: dict[int, CycleOutcomes] = {}  # rows -> the same for the drafter's cycles, chains vs trees
 
     @property
     def max_drafts(self) -> int:
@@ -272,14 +274,30 @@ class AdaptiveVerify:
                 counts[unknown] = 1
         return counts
 
-    def cycle_done(self, rows: int, kind: str | None, committed: int, seconds: float) -> None:
+    def cycle_done(self, rows: int, kind: str | None, committed: int, seconds: float,
+                   shape: str | None = None) -> None:
         """Count a whole batch cycle of `rows` rows: its kind (DRAFTER when any row ran the drafter, LOOKUP when
         rows verified looked-up drafts only, None when plain), the tokens all rows committed and its seconds,
-        drafting and bookkeeping included (`plain_cycle`)."""
+        drafting and bookkeeping included (`plain_cycle`); a DRAFTER cycle's `shape` (TREE when any row
+        verified a draft tree, else CHAIN) also counts for `chain_cycle`."""
         if rows > 1 and seconds > 0:
             if rows not in self.outcomes:
                 self.outcomes[rows] = CycleOutcomes()
             self.outcomes[rows].add(kind, committed, seconds)
+            if kind == DRAFTER and shape is not None:
+                if rows not in self.shapes:
+                    self.shapes[rows] = CycleOutcomes(kinds=(CHAIN, TREE))
+                self.shapes[rows].add(shape, committed, seconds)
+
+    def chain_cycle(self, rows: int) -> bool:
+        """True when this batch size's next cycle drafts chains for requests that asked for trees: when its
+        recent tree cycles committed fewer tokens per second than its chain cycles, or when no chain cycle has
+        run for a while (`CycleOutcomes`, chains as the baseline). `tree_size` prices a tree by the cost curve
+        and calibrated reach; in a batch a tree's extra nodes are a few percent of the forward, inside that
+        model's error, so what whole cycles took decides (measured: trees at 0.97-0.98x chains with 2 and 4
+        clients before this). One row alone is left to the model, as in `plain_cycle`."""
+        outcome = self.shapes.get(rows)
+        return outcome is not None and outcome.use_baseline(TREE)
 
     def plain_cycle(self, rows: int, kind: str) -> bool:
         """True when this batch size's next cycle does without drafts of `kind` (DRAFTER or LOOKUP) whatever the
@@ -291,7 +309,7 @@ class AdaptiveVerify:
         (`CycleOutcomes`), then runs as the model plans and is judged again. One row alone never needs this (it
         gains 1.5-2x, or the model already decodes plainly)."""
         outcome = self.outcomes.get(rows)
-        return outcome is not None and outcome.plain_cycle(kind)
+        return outcome is not None and outcome.use_baseline(kind)
 
     @staticmethod
     def _bar(plain: float, rows: int) -> float:
@@ -373,8 +391,9 @@ class AdaptiveVerify:
 
 
 class CycleOutcomes:
-    """Decayed tokens and seconds of a batch size's recent cycles of each kind: plain (None), with the drafter's
-    drafts (DRAFTER) and with looked-up drafts only (LOOKUP), so that one kind's losses do not stop the other.
+    """Decayed tokens and seconds of a batch size's recent cycles of each kind against a baseline kind, the
+    first of `kinds`: by default plain (None) against the drafter's drafts (DRAFTER) and looked-up drafts only
+    (LOOKUP), so that one kind's losses do not stop the other; or chains (CHAIN) against trees (TREE).
 
     A cycle counts `decay` less per later cycle of its own kind (~1 / (1 - decay) are remembered) and `forget`
     less per later cycle of another kind, so a kind that stopped running because it lost fades below `least`
@@ -383,14 +402,16 @@ class CycleOutcomes:
     `least` and the verdict is taken again with it. A kind that keeps losing so runs about one cycle in 45,
     and one that lost by a bad start gets another chance (with one verdict for all kinds that never faded, a
     few failed lookups at 2 rows turned the drafter off at that size for good). A verdict needs `least`
-    (decayed) cycles of the kind and of plain ones; after `explore` speculative cycles without a plain one,
-    the next is plain."""
+    (decayed) cycles of the kind and of baseline ones; after `explore` cycles without a baseline one, the next
+    is one."""
 
-    def __init__(self, decay: float = 0.98, forget: float = 0.995, least: float = 4.0, explore: int = 16) -> None:
+    def __init__(self, kinds: tuple[str | None, ...] = (None, DRAFTER, LOOKUP), decay: float = 0.98,
+                 forget: float = 0.995, least: float = 4.0, explore: int = 16) -> None:
         self.decay, self.forget, self.least, self.explore = decay, forget, least, explore
+        self.baseline = kinds[0]
         # kind -> [cycles, tokens, seconds]
-        self.sums: dict[str | None, list[float]] = {k: [0.0, 0.0, 0.0] for k in (None, DRAFTER, LOOKUP)}
-        self.since_plain = 0
+        self.sums: dict[str | None, list[float]] = {k: [0.0, 0.0, 0.0] for k in kinds}
+        self.since_baseline = 0
 
     def add(self, kind: str | None, committed: int, seconds: float) -> None:
         if kind not in self.sums:
@@ -400,15 +421,16 @@ class CycleOutcomes:
             kept[:] = [x * keep for x in kept]
         own = self.sums[kind]
         own[0], own[1], own[2] = own[0] + 1, own[1] + committed, own[2] + seconds
-        self.since_plain = 0 if kind is None else self.since_plain + 1
+        self.since_baseline = 0 if kind == self.baseline else self.since_baseline + 1
 
     def losing(self, kind: str) -> bool:
-        """Whether this kind's cycles committed fewer tokens per second than plain ones (with enough of both)."""
-        (n_s, tok_s, sec_s), (n_p, tok_p, sec_p) = self.sums[kind], self.sums[None]
+        """Whether this kind's cycles committed fewer tokens per second than baseline ones (with enough of both)."""
+        (n_s, tok_s, sec_s), (n_p, tok_p, sec_p) = self.sums[kind], self.sums[self.baseline]
         return min(n_s, n_p) >= self.least and tok_s * sec_p < tok_p * sec_s
 
-    def plain_cycle(self, kind: str) -> bool:
-        return self.since_plain >= self.explore or self.losing(kind)
+    def use_baseline(self, kind: str) -> bool:
+        """Whether the next cycle is a baseline one rather than of `kind` (losing, or time to compare again)."""
+        return self.since_baseline >= self.explore or self.losing(kind)
 
 
 class CostDrift:

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from blockdraft.decoding.adaptive import DRAFTER, LOOKUP
+from blockdraft.decoding.adaptive import CHAIN, DRAFTER, LOOKUP, TREE
 from blockdraft.decoding.engine import DecodeOptions, DecodeState, Proposal, SpeculativeEngine
 from blockdraft.decoding.stats import GenerationStats, now
 from blockdraft.errors import InvalidArgumentError
@@ -122,7 +122,7 @@ class Batch:
         if engine.policy is not None and any(s.policy is not None for s in states):
             # projecting context committed in earlier cycles is not this cycle's cost (see `_draft_hidden`)
             engine.policy.cycle_done(rows, cycle_kind(props), sum(map(len, committed.values())),
-                                     elapsed - sum(p.context_s for p in props))
+                                     elapsed - sum(p.context_s for p in props), shape=cycle_shape(props))
         return committed
 
     def _row_by_row(self, active: list[int], states: list[DecodeState], ids: torch.Tensor, lengths: list[int],
@@ -165,6 +165,12 @@ def cycle_kind(props: list[Proposal]) -> str | None:
     if any(p.confidence is not None for p in props):
         return DRAFTER
     return LOOKUP if any(p.drafts.numel() for p in props) else None
+
+
+def cycle_shape(props: list[Proposal]) -> str:
+    """How a drafter cycle verified (`AdaptiveVerify.chain_cycle`): TREE when any row proposed a draft tree
+    (whatever prefix of it the policy kept), else CHAIN."""
+    return TREE if any(p.tree is not None for p in props) else CHAIN
 
 
 class BatchEngine:

@@ -338,7 +338,7 @@ class SpeculativeEngine:
         if ids is None and vocab > self.target.vocab_size:  # never draft a padded LM-head column
             logits = logits.clone()
             logits[:, self.target.vocab_size:] = float("-inf")
-        if seq.tree_budget:
+        if seq.tree_budget and not (seq.policy is not None and seq.policy.chain_cycle(rows)):
             return self._tree_proposal(seq, logits, t0, head_s, spent, rows, context_s)
         q = None
         if params.greedy or params.draft == "greedy":

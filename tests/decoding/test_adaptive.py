@@ -398,12 +398,12 @@ def test_a_kind_that_lost_is_tried_again_once_its_cycles_fade():
     for _ in range(6):  # a bad start: the drafter's cycles commit 2 tokens in 0.1 s, plain ones 2 in 0.07 s
         outcomes.add(DRAFTER, 2, 0.1)
         outcomes.add(None, 2, 0.07)
-    assert outcomes.plain_cycle(DRAFTER) and not outcomes.plain_cycle(LOOKUP)
+    assert outcomes.use_baseline(DRAFTER) and not outcomes.use_baseline(LOOKUP)
     plain = trials = 0
-    while outcomes.plain_cycle(DRAFTER):  # plain cycles until the old verdict fades, then one drafting cycle
+    while outcomes.use_baseline(DRAFTER):  # plain cycles until the old verdict fades, then one drafting cycle
         outcomes.add(None, 2, 0.07)
         plain += 1
-        if not outcomes.plain_cycle(DRAFTER):  # tried again: drafting now pays, 3 tokens in 0.08 s
+        if not outcomes.use_baseline(DRAFTER):  # tried again: drafting now pays, 3 tokens in 0.08 s
             outcomes.add(DRAFTER, 3, 0.08)
             trials += 1
         assert plain < 400

@@ -1,5 +1,5 @@
-"""The adaptive policy with draft trees: each node's reach, the prefix worth verifying, and what a tree cycle
-teaches the calibration and the slot history."""
+"""The adaptive policy with draft trees: each node's reach, the prefix worth verifying, what a tree cycle
+teaches the calibration and the slot history, and a batch size's measured verdict of trees against chains."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 import blockdraft.decoding.engine as engine_module
 from blockdraft.decoding import tree as tree_module
-from blockdraft.decoding.adaptive import AdaptiveVerify
+from blockdraft.decoding.adaptive import CHAIN, DRAFTER, LOOKUP, TREE, AdaptiveVerify
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.decoding.stats import GenerationStats
 from blockdraft.decoding.tree import DraftTree
@@ -136,3 +136,35 @@ def test_the_engine_teaches_the_policy_every_node_its_walks_tested(monkeypatch):
     assert len(walks) >= 5 and sum(checked) > 0
     assert float(policy.tested.sum()) - tested0 == len(checked)
     assert float(policy.accepted.sum()) - accepted0 == sum(checked)
+
+
+# ---------------------------------------------------------------- trees against chains, measured per batch size
+def test_a_batch_size_where_trees_lost_to_chains_drafts_chains_until_the_verdict_fades():
+    policy = AdaptiveVerify(LINEAR)
+    assert not policy.chain_cycle(4)  # nothing measured: the model decides
+    for _ in range(6):  # at 4 rows, tree cycles commit 5 tokens in 0.2 s, chain cycles 5 in 0.15 s
+        policy.cycle_done(4, DRAFTER, 5, 0.2, shape=TREE)
+        policy.cycle_done(4, DRAFTER, 5, 0.15, shape=CHAIN)
+    assert policy.chain_cycle(4)
+    assert not policy.chain_cycle(2) and not policy.chain_cycle(1)  # other batch sizes keep their own verdict
+    assert not policy.plain_cycle(4, DRAFTER)  # and drafting itself still pays there
+    chains = 0
+    while policy.chain_cycle(4):  # chains until the trees' record fades, then a tree cycle is tried again
+        policy.cycle_done(4, DRAFTER, 5, 0.15, shape=CHAIN)
+        chains += 1
+        assert chains < 400
+    assert chains > 60
+    for kind in (None, LOOKUP):  # cycles without the drafter have no shape to judge
+        policy.cycle_done(4, kind, 4, 0.1, shape=TREE)
+    policy.cycle_done(1, DRAFTER, 3, 0.01, shape=TREE)  # one row alone is left to the model
+    assert set(policy.shapes) == {4}
+
+
+def test_where_trees_win_a_chain_cycle_still_runs_now_and_then_to_compare_with():
+    policy = AdaptiveVerify(LINEAR)
+    shapes = []
+    for _ in range(40):
+        shape = CHAIN if policy.chain_cycle(8) else TREE
+        shapes.append(shape)
+        policy.cycle_done(8, DRAFTER, 14 if shape == TREE else 12, 1.0, shape=shape)  # trees pay: 14 tokens, not 12
+    assert shapes.count(CHAIN) == 2 and shapes[16] == shapes[33] == CHAIN  # one in 17

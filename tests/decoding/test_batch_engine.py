@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, AdaptiveVerify
-from blockdraft.decoding.batch_engine import BatchEngine, cycle_kind
+from blockdraft.decoding.adaptive import CHAIN, DRAFTER, LOOKUP, TREE, AdaptiveVerify
+from blockdraft.decoding.batch_engine import BatchEngine, cycle_kind, cycle_shape
 from blockdraft.decoding.engine import DecodeOptions, Proposal, SpeculativeEngine
+from blockdraft.decoding.tree import DraftTree
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
@@ -124,3 +125,6 @@ def test_a_cycle_is_judged_by_the_kind_of_drafts_it_verified():
     assert cycle_kind([plain, looked_up]) == LOOKUP
     assert cycle_kind([looked_up, drafted]) == DRAFTER
     assert cycle_kind([plain, probed_unverified]) == DRAFTER  # its cost is in the cycle
+    tree = DraftTree(two, [0, 0], [1, 1], [0.6, 0.3])  # two children of the root
+    treed = Proposal(two, None, torch.tensor([0.9, 0.4]), 0.01, tree=tree)
+    assert cycle_shape([drafted, plain]) == CHAIN and cycle_shape([drafted, treed]) == TREE

@@ -320,6 +320,30 @@ def test_batch_rows_with_trees_decode_what_they_decode_alone(small_pair, monkeyp
     assert sum(moved(p) for p in kept) >= 10, "too few batched walks went down a sibling"
 
 
+def test_a_batch_size_judged_better_off_with_chains_drafts_chains_for_tree_requests(small_pair, monkeypatch):
+    """Where the policy's measured verdict says chains (`AdaptiveVerify.chain_cycle`), rows that asked for trees
+    draft chains at that batch size, still decoding plain decoding's tokens; one row alone keeps its trees, and
+    every batch cycle reports its shape."""
+    target, drafter = small_pair
+    policy = AdaptiveVerify(curve(), learn_costs=False)
+    policy.set_batch_cost(3, curve())
+    engine, plain = SpeculativeEngine(target, drafter, policy=policy), SpeculativeEngine(target)
+    monkeypatch.setattr(policy, "chain_cycle", lambda rows: rows > 1)
+    trees, real = [], engine._tree_proposal
+    monkeypatch.setattr(engine, "_tree_proposal", lambda seq, logits, t0, head_s, spent, rows, context_s:
+                        trees.append(rows) or real(seq, logits, t0, head_s, spent, rows, context_s))
+    shapes, done = [], policy.cycle_done
+    monkeypatch.setattr(policy, "cycle_done", lambda *a, shape=None: shapes.append(shape) or done(*a, shape=shape))
+    options = DecodeOptions(max_new_tokens=12, tree="auto", verify="adaptive")
+    requests = [[(i * 5 + j) % 12 for j in range(3 + i)] for i in range(3)]
+    outs = {i: tokens for i, tokens, _ in BatchEngine(engine, rows=3).run(requests, [options] * 3)}
+    assert [outs[i] for i in range(3)] == [run(plain, options, p) for p in requests]
+    assert set(trees) <= {1} and "chain" in shapes and "tree" not in shapes  # only a lone last row drew trees
+    trees.clear()
+    run(engine, options, requests[0])
+    assert trees == [1] * len(trees) and trees  # one request alone: trees as asked
+
+
 # ---------------------------------------------------------------- the target's distribution at depth
 DEPTH_CONFIGS = {  # name -> (sampler, tree, sampling, runs, least share of cycles committing >= 3 tokens)
     "rejection, auto": ("rejection", "auto", dict(temperature=1.0), 600, 0.15),
