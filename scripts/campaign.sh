@@ -22,7 +22,9 @@ REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2
 V1=blockdraft/weights/smollm2-135m-instruct-dflash
 # A stage's data must not change while it runs (--resume refuses a changed sequence list): new answers go to a
-# folder of their own, for the next stage.
+# folder of their own, for the next stage. Stage 2 starts from the repository's stage-1 stash whatever STASH says
+# (a dry run with another STASH still continues the real lineage). Its sequence ids carry their folder's index
+# (0/..., 1/...), so stage 1's cache in $FEATURES does not serve it: its own cache fills during its first epoch.
 case "$STAGE" in
   1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 FEATS=(--features cache --feature-cache "$FEATURES") ;;
   2) INIT=data/checkpoints/v2-campaign/stage1 DATA=(--data "$REGEN" --data "$TURN2") EPOCHS=2 LR=2e-4 FEATS=(--features lazy) ;;

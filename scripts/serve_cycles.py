@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, AdaptiveVerify
+from blockdraft.decoding.adaptive import DRAFTER, LOOKUP, TREE, AdaptiveVerify
 from blockdraft.decoding.batch_engine import Batch
 from blockdraft.decoding.engine import SpeculativeEngine
 from blockdraft.files import atomic_path
@@ -107,10 +107,13 @@ def time_parts(methods: dict[str, tuple[type, str]]) -> dict[str, float]:
 
 def policy_state(policy: AdaptiveVerify) -> dict:
     """Per batch size, the decayed [cycles, tokens, seconds] of each kind of cycle (`CycleOutcomes`) and which
-    kinds it now decodes without; the looked-up drafts' acceptance per match length."""
+    kinds it now decodes without; the same for the drafter's chain and tree cycles, and whether it now drafts
+    chains for tree requests; the looked-up drafts' acceptance per match length."""
     return {"outcomes": {rows: {"plain" if k is None else k: [round(x, 3) for x in v] for k, v in o.sums.items()}
-                         | {"without": [k for k in (DRAFTER, LOOKUP) if o.plain_cycle(k)]}
+                         | {"without": [k for k in (DRAFTER, LOOKUP) if o.use_baseline(k)]}
                          for rows, o in sorted(policy.outcomes.items())},
+            "shapes": {rows: {k: [round(x, 3) for x in v] for k, v in o.sums.items()} | {"chains": o.use_baseline(TREE)}
+                       for rows, o in sorted(policy.shapes.items())},
             "ngram_rates": {m: round(policy.ngram_rate(m), 3) for m in sorted(policy.ngram_tested)}}
 
 

@@ -122,7 +122,7 @@ class Batch:
         if engine.policy is not None and any(s.policy is not None for s in states):
             # projecting context committed in earlier cycles is not this cycle's cost (see `_draft_hidden`)
             engine.policy.cycle_done(rows, cycle_kind(props), sum(map(len, committed.values())),
-                                     elapsed - sum(p.context_s for p in props), shape=cycle_shape(props))
+                                     elapsed - sum(p.context_s for p in props), shape=cycle_shape(states, props))
         return committed
 
     def _row_by_row(self, active: list[int], states: list[DecodeState], ids: torch.Tensor, lengths: list[int],
@@ -167,10 +167,14 @@ def cycle_kind(props: list[Proposal]) -> str | None:
     return LOOKUP if any(p.drafts.numel() for p in props) else None
 
 
-def cycle_shape(props: list[Proposal]) -> str:
-    """How a drafter cycle verified (`AdaptiveVerify.chain_cycle`): TREE when any row proposed a draft tree
-    (whatever prefix of it the policy kept), else CHAIN."""
-    return TREE if any(p.tree is not None for p in props) else CHAIN
+def cycle_shape(states: list[DecodeState], props: list[Proposal]) -> str | None:
+    """How the rows that asked for trees drafted this cycle (`AdaptiveVerify.chain_cycle`): TREE when any of them
+    proposed a draft tree (whatever prefix of it the policy kept), CHAIN when they ran the drafter for chains
+    only, None when none of them ran the drafter (rows without trees do not take part in the comparison)."""
+    drafted = [p for s, p in zip(states, props) if s.tree_budget and p.confidence is not None]
+    if not drafted:
+        return None
+    return TREE if any(p.tree is not None for p in drafted) else CHAIN
 
 
 class BatchEngine:

@@ -252,9 +252,8 @@ def _train(args: argparse.Namespace) -> Path:
         raise InvalidArgumentError(f"--labels target needs --features online or memory, not {args.features}: a disk "
                                    "feature cache does not keep the target's greedy tokens")
     folder = Path(args.feature_cache or out / "features")
-    cache_layers = cached_layer_ids(folder) or args.cache_layer_ids or drafter.config.target_layer_ids
     if args.features == "cache":
-        target.set_feature_layers(cache_layers)
+        target.set_feature_layers(cached_layer_ids(folder) or args.cache_layer_ids or drafter.config.target_layer_ids)
         build_feature_cache(target, sequences, folder)
         target.set_feature_layers(drafter.config.target_layer_ids)
         features = CachedFeatures(folder, drafter.config.target_layer_ids)
@@ -262,7 +261,8 @@ def _train(args: argparse.Namespace) -> Path:
         if dist.is_initialized() and dist.get_world_size() > 1:
             raise InvalidArgumentError("--features lazy writes its cache from one process: under torch.distributed "
                                        "use --features cache (built before training) or online")
-        features = LazyCachedFeatures(target, folder, drafter.config.target_layer_ids, cache_layer_ids=cache_layers)
+        features = LazyCachedFeatures(target, folder, drafter.config.target_layer_ids,
+                                      cache_layer_ids=args.cache_layer_ids)
     elif args.features == "memory":
         features = MemoryFeatures(target, sequences, dtype=target.dtype, greedy=greedy)
     else:
@@ -285,7 +285,17 @@ def _train(args: argparse.Namespace) -> Path:
         return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
     finally:
         if isinstance(features, LazyCachedFeatures):
-            features.flush()  # also when a signal or an error ends the run: its computed features are kept
+            _close_quietly(features)
+
+
+def _close_quietly(features) -> None:
+    """Write a lazy cache's pending features, also when a signal or an error ends the run; a failure to (a full
+    disk) is logged, so it does not hide what ended the run."""
+    try:
+        features.close()
+    except Exception as exc:  # noqa: BLE001  (the run's own outcome matters more than the cache's)
+        log.warning("feature cache %s: could not write its last %d sequences (%s); the next run computes "
+                    "them again", features.folder, len(features.pending), exc)
 
 
 def _training_sequences(folders: list[str], tokenizer, max_len: int, limit: int | None, labels: str):

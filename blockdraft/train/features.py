@@ -6,8 +6,10 @@ built resumably (shards written atomically, the index after each shard) and chec
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -141,10 +143,7 @@ class CachedFeatures:
         self.folder = Path(folder)
         index = json.loads((self.folder / "index.json").read_text())
         cached = index["layer_ids"]
-        missing = [i for i in layer_ids if i not in cached]
-        if missing:
-            raise InvalidArgumentError(f"feature cache {folder} holds layers {cached}, not {missing}: "
-                                       "rebuild it with those layers or use another folder")
+        _check_layers(folder, cached, layer_ids)
         self.slots = [cached.index(i) for i in layer_ids]
         self.whole = self.slots == list(range(len(cached)))
         self.num_cached = len(cached)
@@ -185,7 +184,9 @@ class LazyCachedFeatures(CachedFeatures):
                  cache_layer_ids: list[int] | None = None, shard_size: int = 64,
                  dtype: torch.dtype = torch.float32) -> None:
         """`cache_layer_ids`: the layers a new cache stores (default `layer_ids`); an existing cache keeps its own."""
-        self.writer = _CacheWriter(Path(folder), cached_layer_ids(folder) or cache_layer_ids or layer_ids)
+        cache_layers = cached_layer_ids(folder) or cache_layer_ids or layer_ids
+        _check_layers(folder, cache_layers, layer_ids)  # before anything is written
+        self.writer = _CacheWriter(Path(folder), cache_layers)
         super().__init__(folder, layer_ids, dtype)
         self.entries = self.writer.entries  # one dict: a written shard is readable at once
         self.target, self.online, self.shard_size = target, OnlineFeatures(target), shard_size
@@ -207,6 +208,13 @@ class LazyCachedFeatures(CachedFeatures):
             self.writer.write(self.pending)
             self.pending = {}
 
+    def close(self) -> None:
+        """Flush, and let another process write to the cache."""
+        try:
+            self.flush()
+        finally:
+            self.writer.close()
+
     def _compute(self, seq: Sequence) -> torch.Tensor:
         """(T, K_cached*D) fp16: the cache's layers, whichever layers the target captures for the drafter."""
         drafter_layers = self.target.feature_layer_ids
@@ -220,11 +228,20 @@ class LazyCachedFeatures(CachedFeatures):
 
 
 class _CacheWriter:
-    """A cache folder's index and its next shard: each shard is written atomically, then the index."""
+    """A cache folder's index and its next shard: each shard is written atomically, then the index. One
+    process writes to a folder at a time: it holds an exclusive lock on `.lock` there until `close()` or its
+    exit, and a second writer is refused (two would number their shards alike and overwrite each other's index)."""
 
     def __init__(self, folder: Path, layer_ids: list[int]) -> None:
         self.folder, self.index_path = folder, folder / "index.json"
         folder.mkdir(parents=True, exist_ok=True)
+        self._lock = open(folder / ".lock", "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise InvalidArgumentError(f"feature cache {folder} is being written by another process (it holds "
+                                       f"{folder / '.lock'}): wait for it, or give this run another folder") from None
         self.index = json.loads(self.index_path.read_text()) if self.index_path.is_file() else \
             {"layer_ids": list(layer_ids), "dtype": "float16", "entries": {}}
         if self.index["layer_ids"] != list(layer_ids):
@@ -232,21 +249,36 @@ class _CacheWriter:
                                        f"expected {list(layer_ids)}")
         self.layer_ids: list[int] = self.index["layer_ids"]
         self.entries: dict[str, str] = self.index["entries"]
-        self.shard_no = len(set(self.entries.values()))
+        # past every shard there, indexed or not (one a killed process wrote but never indexed stays unread)
+        numbers = [int(m.group(1)) for f in folder.iterdir() if (m := SHARD_NAME.fullmatch(f.name))]
+        self.shard_no = 1 + max(numbers, default=-1)
         if not self.index_path.is_file():
             self._write_index()
 
     def write(self, tensors: dict[str, torch.Tensor]) -> None:
         name = f"feats-{self.shard_no:05d}.safetensors"
+        self.shard_no += 1  # even if what follows fails, the next shard gets a name of its own
         with atomic_path(self.folder / name) as tmp:
             save_file(tensors, str(tmp))
         self.entries.update({key: name for key in tensors})
         self._write_index()
-        self.shard_no += 1
+
+    def close(self) -> None:
+        self._lock.close()  # releases the lock
 
     def _write_index(self) -> None:
         with atomic_path(self.index_path) as tmp:
             tmp.write_text(json.dumps(self.index))
+
+
+SHARD_NAME = re.compile(r"feats-(\d+)\.safetensors")
+
+
+def _check_layers(folder: str | Path, cached: list[int], layer_ids: list[int]) -> None:
+    missing = [i for i in layer_ids if i not in cached]
+    if missing:
+        raise InvalidArgumentError(f"feature cache {folder} holds layers {cached}, not {missing}: "
+                                   "rebuild it with those layers or use another folder")
 
 
 def cached_layer_ids(folder: str | Path) -> list[int] | None:
@@ -266,6 +298,10 @@ def build_feature_cache(target: TargetModel, sequences: list[Sequence], folder: 
     log.warning("feature cache %s: %d sequences, %d tokens, %.2f GB on disk (%d to compute)",
                 folder, len(sequences), total, size / 1e9, len(todo))
     online = OnlineFeatures(target)
-    for first in tqdm(range(0, len(todo), shard_size), desc="features", unit="shard", dynamic_ncols=True):
-        writer.write({s.id: online(s).to("cpu", torch.float16).contiguous() for s in todo[first:first + shard_size]})
+    try:
+        for first in tqdm(range(0, len(todo), shard_size), desc="features", unit="shard", dynamic_ncols=True):
+            writer.write({s.id: online(s).to("cpu", torch.float16).contiguous()
+                          for s in todo[first:first + shard_size]})
+    finally:
+        writer.close()
     return folder

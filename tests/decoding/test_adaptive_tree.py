@@ -154,8 +154,11 @@ def test_a_batch_size_where_trees_lost_to_chains_drafts_chains_until_the_verdict
         chains += 1
         assert chains < 400
     assert chains > 60
+    before = {k: list(v) for k, v in policy.shapes[4].sums.items()}
     for kind in (None, LOOKUP):  # cycles without the drafter have no shape to judge
         policy.cycle_done(4, kind, 4, 0.1, shape=TREE)
+    policy.cycle_done(4, DRAFTER, 4, 0.1)  # nor do drafter cycles where no row asked for trees
+    assert policy.shapes[4].sums == before
     policy.cycle_done(1, DRAFTER, 3, 0.01, shape=TREE)  # one row alone is left to the model
     assert set(policy.shapes) == {4}
 

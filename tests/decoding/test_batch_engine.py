@@ -1,4 +1,6 @@
 """Batched speculative decoding: every row decodes exactly what it decodes alone."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -127,4 +129,9 @@ def test_a_cycle_is_judged_by_the_kind_of_drafts_it_verified():
     assert cycle_kind([plain, probed_unverified]) == DRAFTER  # its cost is in the cycle
     tree = DraftTree(two, [0, 0], [1, 1], [0.6, 0.3])  # two children of the root
     treed = Proposal(two, None, torch.tensor([0.9, 0.4]), 0.01, tree=tree)
-    assert cycle_shape([drafted, plain]) == CHAIN and cycle_shape([drafted, treed]) == TREE
+    trees, chains = SimpleNamespace(tree_budget=32), SimpleNamespace(tree_budget=0)  # what each row asked for
+    assert cycle_shape([trees, chains], [treed, drafted]) == TREE
+    assert cycle_shape([trees, chains], [drafted, plain]) == CHAIN  # the tree row drafted a chain this cycle
+    assert cycle_shape([trees, chains], [plain, drafted]) is None  # only a row without trees ran the drafter
+    assert cycle_shape([trees, trees], [looked_up, probed_unverified]) == CHAIN
+    assert cycle_shape([trees], [looked_up]) is None  # looked-up drafts alone: the drafter did not run

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import blockdraft.decoding.engine as engine_module
-from blockdraft.decoding.adaptive import AdaptiveVerify
+from blockdraft.decoding.adaptive import CHAIN, DRAFTER, TREE, AdaptiveVerify
 from blockdraft.decoding.batch_engine import Batch, BatchEngine
 from blockdraft.decoding.engine import TREE_BUDGET, DecodeOptions, SpeculativeEngine
 from blockdraft.decoding.sampling import SamplingParams
@@ -332,13 +332,15 @@ def test_a_batch_size_judged_better_off_with_chains_drafts_chains_for_tree_reque
     trees, real = [], engine._tree_proposal
     monkeypatch.setattr(engine, "_tree_proposal", lambda seq, logits, t0, head_s, spent, rows, context_s:
                         trees.append(rows) or real(seq, logits, t0, head_s, spent, rows, context_s))
-    shapes, done = [], policy.cycle_done
-    monkeypatch.setattr(policy, "cycle_done", lambda *a, shape=None: shapes.append(shape) or done(*a, shape=shape))
+    cycles, done = [], policy.cycle_done  # (rows, kind, shape) of every batch cycle
+    monkeypatch.setattr(policy, "cycle_done", lambda rows, kind, *a, shape=None:
+                        cycles.append((rows, kind, shape)) or done(rows, kind, *a, shape=shape))
     options = DecodeOptions(max_new_tokens=12, tree="auto", verify="adaptive")
     requests = [[(i * 5 + j) % 12 for j in range(3 + i)] for i in range(3)]
     outs = {i: tokens for i, tokens, _ in BatchEngine(engine, rows=3).run(requests, [options] * 3)}
     assert [outs[i] for i in range(3)] == [run(plain, options, p) for p in requests]
-    assert set(trees) <= {1} and "chain" in shapes and "tree" not in shapes  # only a lone last row drew trees
+    assert (3, DRAFTER, CHAIN) in cycles  # the drafter ran for chains with all rows in the batch
+    assert all(rows == 1 for rows, _, shape in cycles if shape == TREE) and all(rows == 1 for rows in trees)
     trees.clear()
     run(engine, options, requests[0])
     assert trees == [1] * len(trees) and trees  # one request alone: trees as asked

@@ -8,16 +8,26 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "campaign.sh"
 
 
-def campaign(tmp_path: Path, stage: str, *args: str) -> subprocess.CompletedProcess:
+def campaign(tmp_path: Path, stage: str, *args: str, py: str = sys.executable) -> subprocess.CompletedProcess:
     env = {**os.environ, "STAGE": stage, "STASH": str(tmp_path / "stash"), "BLOCKDRAFT_HOME": str(tmp_path / "home"),
-           "PY": sys.executable}
+           "PY": py}
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_a_new_stage_reaches_the_trainer_with_its_own_settings(tmp_path):
-    done = campaign(tmp_path, "2", "--help")  # no checkpoint stashed yet: the trainer is started (here, its help)
+    done = campaign(tmp_path, "2", "--help")  # no checkpoint stashed yet: the real trainer starts (here, its help)
     assert done.returncode == 0, done.stderr
     assert "--features" in done.stdout and "lazy" in done.stdout
+    echo = tmp_path / "echo-args"
+    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    echo.chmod(0o755)
+    args = campaign(tmp_path, "2", py=str(echo)).stdout.splitlines()  # what the trainer would be given
+    pairs = set(zip(args, args[1:]))
+    assert {("--init", "data/checkpoints/v2-campaign/stage1"), ("--epochs", "2"), ("--features", "lazy"),
+            ("--data", "data/regenerated/smollm2-135m-instruct-sharegpt"),
+            ("--data", "data/regenerated/smollm2-135m-instruct-sharegpt-turn2"),
+            ("--stash", str(tmp_path / "stash" / "stage2"))} <= pairs
+    assert "--feature-cache" not in args  # stage 2's lazy cache lives in its run folder
 
 
 def test_a_finished_stage_does_nothing_and_an_unknown_stage_is_an_error(tmp_path):

@@ -58,9 +58,12 @@ def test_a_lazy_cache_fills_as_steps_use_it_and_serves_what_a_built_cache_serves
     assert target.feature_layer_ids == [3, 0]  # computing the cache's layers leaves the drafter's in place
     assert all(torch.equal(got, built(s)) for got, s in zip(first, seqs))  # fp16 as stored, on first use too
     assert torch.equal(lazy(seqs[0]), first[0])  # read back from its shard
+    with pytest.raises(InvalidArgumentError, match="being written by another process"):
+        LazyCachedFeatures(target, tmp_path / "lazy", [3, 0])  # one writer at a time
     lazy.flush()
     lazy.flush()  # nothing pending: no empty shard
     assert len(list((tmp_path / "lazy").glob("feats-*.safetensors"))) == 2
+    lazy.close()
 
     def no_target(_seq):
         raise AssertionError("a cached sequence ran the target")
@@ -71,8 +74,23 @@ def test_a_lazy_cache_fills_as_steps_use_it_and_serves_what_a_built_cache_serves
     assert cached_layer_ids(tmp_path / "lazy") == [0, 1, 3]
     with pytest.raises(InvalidArgumentError, match=r"holds layers \[0, 1, 3\], not \[2\]"):
         LazyCachedFeatures(target, tmp_path / "lazy", [2])
+    with pytest.raises(InvalidArgumentError, match=r"holds layers \[1\], not \[3, 0\]"):
+        LazyCachedFeatures(target, tmp_path / "new", [3, 0], cache_layer_ids=[1])
+    assert not (tmp_path / "new").exists()  # refused before anything was written
     with pytest.raises(InvalidArgumentError, match="have 4 tokens, the sequence has 3"):
         again(Sequence("s0", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)))
+
+
+def test_a_shard_written_but_never_indexed_is_not_overwritten(tmp_path):
+    target = TargetModel(tiny_hf_model("llama", dtype=torch.float32))
+    target.set_feature_layers([1])
+    seqs = [Sequence(f"s{i}", torch.randint(0, 96, (4 + i,)), torch.ones(4 + i, dtype=torch.bool)) for i in range(3)]
+    build_feature_cache(target, seqs[:1], tmp_path)
+    orphan = tmp_path / "feats-00007.safetensors"  # a process killed between a shard and its index entry
+    orphan.write_bytes(b"left over")
+    build_feature_cache(target, seqs, tmp_path)
+    assert orphan.read_bytes() == b"left over" and (tmp_path / "feats-00008.safetensors").is_file()
+    assert torch.equal(CachedFeatures(tmp_path, [1])(seqs[2]), OnlineFeatures(target)(seqs[2]).half().float())
 
 
 @pytest.mark.parametrize("fast", [False, True])
