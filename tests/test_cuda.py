@@ -69,6 +69,38 @@ def test_greedy_speculative_equals_plain_on_cuda(arch, cls, dtype):
                 assert near_tie(reference, prompt, out, plain, tolerance=0.25), (prompt, out, plain)
 
 
+@pytest.mark.parametrize("cls", [TargetModel, FastTarget])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_draft_trees_equal_plain_on_cuda(cls, dtype):
+    """Draft trees on the GPU (the tree mask on SDPA, the accepted path's K/V moved into place): greedy output is
+    plain decoding's, in bf16 up to near-ties as above."""
+    model = tiny_hf_model("qwen3", dtype=dtype, head_scale=3.0).cuda()
+    target = cls(model)
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8).to("cuda", dtype))
+    for prompt in prompts(4, seed=3):
+        plain, _ = decode(engine, prompt, max_new_tokens=24, no_draft=True)
+        for tree, verify in ((5, "fixed"), ("auto", "adaptive"), (12, "adaptive")):
+            out = decode(engine, prompt, max_new_tokens=24, tree=tree, verify=verify, ngram=True)[0]
+            if dtype == torch.float32 or out == plain:
+                assert out == plain, (tree, verify)
+            else:
+                reference = tiny_hf_model("qwen3", dtype=torch.float32, head_scale=3.0).cuda()
+                assert near_tie(reference, prompt, out, plain, tolerance=0.25), (prompt, out, plain)
+
+
+def test_batched_rows_with_trees_and_seeded_gumbel_rows_equal_plain_on_cuda():
+    """Rows of a batch with different trees (off / 3 / auto), greedy and seeded gumbel: each is plain decoding's."""
+    target = FastTarget(tiny_hf_model("llama", dtype=torch.float32, head_scale=3.0).cuda())
+    engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8).to("cuda", torch.float32))
+    ps = prompts(9, seed=6)
+    opts = [DecodeOptions(max_new_tokens=20, tree=("off", 3, "auto")[i % 3], verify="adaptive",
+                          sampling=SamplingParams() if i % 2 else
+                          SamplingParams(temperature=0.9, seed=100 + i, sampler="gumbel")) for i in range(9)]
+    plain = [decode(engine, p, max_new_tokens=20, no_draft=True, sampling=o.sampling)[0] for p, o in zip(ps, opts)]
+    together = {i: t for i, t, _ in BatchEngine(engine, rows=4).run(ps, opts)}
+    assert [together[i] for i in range(9)] == plain
+
+
 def test_batched_equals_solo_on_cuda():
     target = FastTarget(tiny_hf_model("qwen3", dtype=torch.float32, head_scale=3.0).cuda())
     engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8).to("cuda", torch.float32))
