@@ -9,6 +9,7 @@
 #   nohup scripts/campaign.sh > /tmp/campaign.log 2>&1 &
 #   kill -STOP $(pgrep -f "train --out .*campaign/v2")      # pause it for a benchmark (never measure next to it)
 #   kill -CONT $(pgrep -f "train --out .*campaign/v2")      # and go on
+#   kill -TERM $(pgrep -f "train --out .*campaign/v2")      # stop: it saves the step it is on and stashes it
 #
 # STAGE picks the schedule; a new stage starts from the previous stage's stash with a schedule of its own (the
 # data or the settings changed, so `--resume` would refuse the old checkpoint).

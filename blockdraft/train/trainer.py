@@ -44,6 +44,7 @@ from blockdraft.train.features import FeatureSource, OnlineFeatures
 from blockdraft.train.init import init_from_target
 from blockdraft.train.loss import block_loss, default_gamma, estimated_acceptance_length
 from blockdraft.train.stash import stash_checkpoint, stash_metrics
+from blockdraft.train.stopping import GracefulStop
 from blockdraft.train.vocab import TrainVocab
 
 log = logging.getLogger(__name__)
@@ -327,41 +328,45 @@ class Trainer:
         window: list[dict[str, Any]] = []
         t0 = started = time.perf_counter()
         first, timed_from = step, None
-        while step < last:
-            if cfg.time_budget is not None:
-                elapsed = self._agree(time.perf_counter() - started)
-                if elapsed >= cfg.time_budget:
-                    log.warning("time budget of %.0f s spent at step %d", cfg.time_budget, step)
-                    break
-                if step - first == PLAN_WARMUP_STEPS:
-                    timed_from = elapsed
-                if not planned and step - first == PLAN_WARMUP_STEPS + PLAN_TIMED_STEPS:
-                    per_step = (elapsed - timed_from) / PLAN_TIMED_STEPS
-                    last = self._plan(step, elapsed, per_step, last)
-                    bar.total, planned = last, True
-            lr = lr_at(step, self.total_steps, cfg)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            micro = self._micro_batches(step)
-            for batch in micro:
-                window.append(self._micro_step(batch, 1.0 / len(micro), step))
-            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if step % cfg.log_every == 0 or step == last:
-                row = _summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0)
-                window, t0 = [], time.perf_counter()
-                bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['slot_accuracy'][0]:.2f}",
-                                tau=f"{row['tau_estimate']:.2f}", tok_s=f"{row['tokens_per_second']:.0f}")
-                self._log(row)
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < last:
-                self._evaluate(step)
-            if step % cfg.save_every == 0 and step < last:
-                self.check_sync()
-                if self.rank == 0:
-                    self._save(step)
-            bar.update(1)
+        with GracefulStop("the end of this step (after its evaluation, if it has one), which it saves") as stop:
+            while step < last:
+                if cfg.time_budget is not None:
+                    elapsed = self._agree(time.perf_counter() - started)
+                    if elapsed >= cfg.time_budget:
+                        log.warning("time budget of %.0f s spent at step %d", cfg.time_budget, step)
+                        break
+                    if step - first == PLAN_WARMUP_STEPS:
+                        timed_from = elapsed
+                    if not planned and step - first == PLAN_WARMUP_STEPS + PLAN_TIMED_STEPS:
+                        per_step = (elapsed - timed_from) / PLAN_TIMED_STEPS
+                        last = self._plan(step, elapsed, per_step, last)
+                        bar.total, planned = last, True
+                lr = lr_at(step, self.total_steps, cfg)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                micro = self._micro_batches(step)
+                for batch in micro:
+                    window.append(self._micro_step(batch, 1.0 / len(micro), step))
+                torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                step += 1
+                if step % cfg.log_every == 0 or step == last:
+                    row = _summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0)
+                    window, t0 = [], time.perf_counter()
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['slot_accuracy'][0]:.2f}",
+                                    tau=f"{row['tau_estimate']:.2f}", tok_s=f"{row['tokens_per_second']:.0f}")
+                    self._log(row)
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < last:
+                    self._evaluate(step)
+                if step % cfg.save_every == 0 and step < last:
+                    self.check_sync()
+                    if self.rank == 0:
+                        self._save(step)
+                bar.update(1)
+                if step < last and self._agree(float(stop.requested)):
+                    bar.close()
+                    self._stop(step, window, lr, t0, saved=step % cfg.save_every == 0)
         bar.close()
         if window:  # stopped by the time budget between log rows: the last steps are logged too
             self._log(_summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0))
@@ -374,6 +379,17 @@ class Trainer:
         if self.rank == 0 and self.cfg.stash:  # the final evaluation joins the stashed curve
             stash_metrics(self.out / "metrics.jsonl", Path(self.cfg.stash))
         return out / "final"
+
+    def _stop(self, step: int, window: list[dict[str, Any]], lr: float, t0: float, saved: bool) -> None:
+        """Stop on a signal between two steps: log the steps since the last log row, save this step (unless the
+        schedule just did), and raise KeyboardInterrupt; `--resume` goes on from here, bitwise."""
+        if window:
+            self._log(_summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0))
+        self.check_sync()
+        if self.rank == 0 and not saved:
+            self._save(step)
+        log.warning("stopped at step %d of %d and saved it: --resume goes on from there", step, self.total_steps)
+        raise KeyboardInterrupt
 
     def _save(self, step: int) -> None:
         """A checkpoint of this step in the run folder, and in the stash folder when there is one."""

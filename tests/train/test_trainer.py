@@ -1,7 +1,14 @@
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.decoding.stats import GenerationStats
@@ -125,6 +132,69 @@ def test_max_steps_zero_only_saves_and_evaluates_the_initial_drafter(counter, tm
         Trainer(TrainConfig(out=str(tmp_path), max_steps=-1), counter, drafter, sequences(4), OnlineFeatures(counter))
 
 
+class SignalAt:
+    """Online features that send this process `count` SIGTERMs while computing the `call`-th sequence."""
+
+    def __init__(self, target: TargetModel, call: int, count: int = 1) -> None:
+        self.online, self.call, self.count, self.calls = OnlineFeatures(target), call, count, 0
+
+    def __call__(self, seq: Sequence) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.call:
+            for _ in range(self.count):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return self.online(seq)
+
+
+@pytest.fixture
+def sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt, as under `blockdraft` (cli.main): without the trainer's own handling
+    a signal then stops a run mid-step instead of ending the test process."""
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    yield interrupt
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_run(counter, out: Path, features, resume: bool = False) -> Trainer:
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    cfg = TrainConfig(out=str(out), epochs=1, max_anchors=4, batch_size=2, log_every=4, save_every=1000,
+                      eval_prompts=0)
+    trainer = Trainer(cfg, counter, drafter, sequences(16), features)
+    trainer.run(resume=resume)
+    return trainer
+
+
+def test_a_signal_stops_after_its_step_which_is_saved_and_resumes_bitwise(counter, tmp_path, caplog,
+                                                                          sigterm_interrupts):
+    from blockdraft.train.trainer import _checkpoints, load_checkpoint
+
+    _signal_run(counter, tmp_path / "full", OnlineFeatures(counter))  # 8 steps, no checkpoint before the last
+    with pytest.raises(KeyboardInterrupt):
+        _signal_run(counter, tmp_path / "cut", SignalAt(counter, call=5))  # inside step 3 (2 sequences a step)
+    assert signal.getsignal(signal.SIGTERM) is sigterm_interrupts  # the trainer's handler is gone again
+    assert "stopped at step 3 of 8 and saved it" in caplog.text
+    assert [p.name for p in _checkpoints(tmp_path / "cut")] == ["step-0000003"]  # step 3 finished, then saved
+    rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 3  # the steps since the last log row are logged too
+    resumed = _signal_run(counter, tmp_path / "cut", OnlineFeatures(counter), resume=True)
+    assert resumed.total_steps == 8
+    a, b = _final(tmp_path / "full"), _final(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    assert load_checkpoint(_checkpoints(tmp_path / "cut")[-1], drafter, resumed.optimizer)[0] == 8
+
+
+def test_a_second_signal_stops_at_once_without_saving(counter, tmp_path, sigterm_interrupts):
+    from blockdraft.train.trainer import _checkpoints
+
+    with pytest.raises(KeyboardInterrupt):
+        _signal_run(counter, tmp_path / "cut", SignalAt(counter, call=5, count=2))
+    assert _checkpoints(tmp_path / "cut") == []  # interrupted inside step 3: nothing half-done is saved
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
@@ -170,14 +240,7 @@ def test_short_training_run_reaches_near_block_size_acceptance(counter, tmp_path
 
 
 # ---------------------------------------------------------------- processes: kill/resume, torchrun
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from safetensors.torch import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
