@@ -52,8 +52,8 @@ def _decoding_arguments(p: argparse.ArgumentParser) -> None:
                    help="adaptive (default): verify only the draft prefix worth its cost on this device (cost curve "
                         "measured once and cached); fixed: verify every draft of the block")
     p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
-                   help="with temperature > 0: auto (default: gumbel with --seed, rejection without), gumbel (with "
-                        "--seed, exactly the tokens plain decoding gives with that seed) or rejection (the min(1, "
+                   help="with temperature > 0: auto (default: gumbel given a seed, rejection without), gumbel (given a "
+                        "seed, exactly the tokens plain decoding gives with it) or rejection (the min(1, "
                         "p/q) rule, which accepts more drafts); all sample the target exactly")
     p.add_argument("--no-ngram", dest="ngram", action="store_false",
                    help="draft with the drafter only (default: also look the context up, prompt-lookup style, in the "
