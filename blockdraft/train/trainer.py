@@ -11,6 +11,7 @@ CPU, nccl on CUDA); rank r takes every world-th sequence; only rank 0 writes.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -153,8 +154,43 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted((out / "checkpoints").glob("step-[0-9]*"), key=lambda p: int(p.name.split("-")[1]))
 
 
+# The settings that decide a run's trajectory: a resume must keep them. The others (logging, saving, evaluation,
+# the time budget, where things go, how features are kept) may change between a run and its resume.
+TRAJECTORY = ("epochs", "lr", "warmup_ratio", "min_lr_ratio", "weight_decay", "grad_clip", "batch_size",
+              "grad_accum", "max_anchors", "loss", "gamma", "attention", "vocab", "vocab_negatives", "distill",
+              "distill_topk", "labels", "autocast", "seed")
+
+
+def data_fingerprint(sequences: list[Sequence]) -> str:
+    """sha256 of the training sequences in order (ids, tokens, loss masks): what a resume must find again."""
+    h = hashlib.sha256()
+    for s in sequences:
+        for part in (s.id.encode(), s.input_ids.cpu().numpy().tobytes(), s.loss_mask.cpu().numpy().tobytes()):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+    return h.hexdigest()
+
+
+def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str) -> None:
+    """Refuse to resume checkpoint `path` with other trajectory settings or other data: the run would go on from
+    its step with another schedule or epoch order, and end with weights no uninterrupted run gives."""
+    meta = json.loads((path / "trainer.json").read_text())
+    saved, now = meta.get("config", {}), json.loads(json.dumps(asdict(cfg)))
+    changed = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in TRAJECTORY if k in saved and saved[k] != now[k]]
+    if changed:
+        raise InvalidArgumentError(f"--resume from {path}: its run had other settings ({', '.join(changed)}); "
+                                   "expected the same ones, or a new --out (with --init to start from its weights)")
+    if "data_fingerprint" not in meta:
+        log.warning("%s predates data fingerprints: cannot check that the training data is unchanged", path)
+    elif meta["data_fingerprint"] != fingerprint:
+        raise InvalidArgumentError(f"--resume from {path}: the training sequences changed since it was saved "
+                                   "(other data folders, new records, --limit or --max-len); expected the same "
+                                   "data, or a new --out (with --init to start from its weights)")
+
+
 def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.optim.Optimizer,
-                    cfg: TrainConfig, keep: int, total_steps: int | None = None) -> Path:
+                    cfg: TrainConfig, keep: int, total_steps: int | None = None,
+                    fingerprint: str | None = None) -> Path:
     state = optimizer.state_dict()
     tensors = {f"state.{i}.{k}": v.detach().cpu().contiguous() for i, s in state["state"].items()
                for k, v in s.items()}
@@ -164,7 +200,8 @@ def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.opt
         save_drafter(drafter, tmp / "drafter", dtype=torch.float32)
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer.json").write_text(json.dumps({"step": step, "total_steps": total_steps,
-                                                      "param_groups": groups, "config": asdict(cfg)}, indent=2))
+                                                      "param_groups": groups, "config": asdict(cfg),
+                                                      "data_fingerprint": fingerprint}, indent=2))
     for old in _checkpoints(out)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
@@ -222,6 +259,7 @@ class Trainer:
             raise InvalidArgumentError("no training sequences: expected at least one with supervised tokens")
         self.cfg, self.target, self.drafter, self.features = cfg, target, drafter, features
         self.sequences, self.eval_prompts = sequences, eval_prompts or []
+        self.fingerprint = data_fingerprint(sequences)
         self._continuations: list[list[int]] | None = None  # the eval prompts' plain greedy output, made once
         self.out = Path(cfg.out)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -316,6 +354,7 @@ class Trainer:
         cfg, out = self.cfg, self.out
         step, planned = 0, False
         if resume and _checkpoints(out):
+            check_resumable(_checkpoints(out)[-1], cfg, self.fingerprint)
             step, total = load_checkpoint(_checkpoints(out)[-1], self.drafter, self.optimizer)
             planned = total is not None and total != self.total_steps
             self.total_steps = total or self.total_steps
@@ -394,7 +433,7 @@ class Trainer:
     def _save(self, step: int) -> None:
         """A checkpoint of this step in the run folder, and in the stash folder when there is one."""
         path = save_checkpoint(self.out, step, self.drafter, self.optimizer, self.cfg, self.cfg.keep_checkpoints,
-                               self.total_steps)
+                               self.total_steps, self.fingerprint)
         if self.cfg.stash:
             stash_checkpoint(path, Path(self.cfg.stash), self.out / "metrics.jsonl")
 

@@ -195,6 +195,37 @@ def test_a_second_signal_stops_at_once_without_saving(counter, tmp_path, sigterm
     assert _checkpoints(tmp_path / "cut") == []  # interrupted inside step 3: nothing half-done is saved
 
 
+def _short_run(counter, out: Path, seqs: list[Sequence], resume: bool = False, **settings) -> Trainer:
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    cfg = TrainConfig(out=str(out), **{"epochs": 1, "max_anchors": 4, "batch_size": 2, "max_steps": 2,
+                                       "eval_prompts": 0, **settings})
+    trainer = Trainer(cfg, counter, drafter, seqs, OnlineFeatures(counter))
+    trainer.run(resume=resume)
+    return trainer
+
+
+def test_a_resume_with_other_settings_or_other_data_is_refused(counter, tmp_path, caplog):
+    from blockdraft.errors import InvalidArgumentError
+    from blockdraft.train.trainer import _checkpoints
+
+    _short_run(counter, tmp_path, sequences(8), lr=1e-3)
+    with pytest.raises(InvalidArgumentError, match=r"other settings \(lr 0.001 -> 0.002, seed 0 -> 1\)"):
+        _short_run(counter, tmp_path, sequences(8), resume=True, lr=2e-3, seed=1)
+    with pytest.raises(InvalidArgumentError, match="the training sequences changed since it was saved"):
+        _short_run(counter, tmp_path, sequences(10), resume=True, lr=1e-3)  # two more records
+    changed = sequences(8)
+    changed[3] = Sequence(changed[3].id, changed[3].input_ids, torch.roll(changed[3].loss_mask, 1))
+    with pytest.raises(InvalidArgumentError, match="the training sequences changed"):
+        _short_run(counter, tmp_path, changed, resume=True, lr=1e-3)  # one loss mask moved
+    # what may change: saving, logging, evaluation, the step limit
+    _short_run(counter, tmp_path, sequences(8), resume=True, lr=1e-3, max_steps=3, save_every=7, log_every=1)
+    assert "resumed from step 2" in caplog.text
+    meta = _checkpoints(tmp_path)[-1] / "trainer.json"  # a checkpoint from before fingerprints: resumed, with a word
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "data_fingerprint"}))
+    _short_run(counter, tmp_path, sequences(9), resume=True, lr=1e-3, max_steps=4)
+    assert "predates data fingerprints" in caplog.text
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
