@@ -60,8 +60,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="data: the data's tokens (regenerated answers); target: the target's own greedy tokens, "
                         "computed in the feature forward, so any text trains (needs --features online or memory)")
     t.add_argument("--out", help="run folder: checkpoints/, metrics.jsonl, final/ (published format)")
-    t.add_argument("--plot", metavar="RUN",
-                   help="draw RUN/metrics.jsonl to RUN/curves.png, print its evaluations as a table, and exit")
+    t.add_argument("--plot", metavar="RUN", action="append",
+                   help="draw RUN/metrics.jsonl to RUN/curves.png, print its evaluations as a table, and exit; "
+                        "repeated for runs that continue one another (a campaign's stages, in order), also their "
+                        "acceptance against the response tokens trained on, to LAST_RUN/lineage.png")
     t.add_argument("--target", default=DEFAULT_TARGET, help=f"the target the drafter is for (default {DEFAULT_TARGET})")
     t.add_argument("--layers", type=int, default=5, help="draft layers (paper: 5)")
     t.add_argument("--block-size", type=int, default=16, help="tokens per draft block, the anchor included (default 16)")
@@ -192,11 +194,16 @@ def _tokenizer(target: str):
 
 def run_train(args: argparse.Namespace) -> int:
     from blockdraft.errors import InvalidArgumentError
-    from blockdraft.train.plot import eval_table, plot_run
+    from blockdraft.train.plot import eval_table, lineage_rows, lineage_table, plot_lineage, plot_run
 
     if args.plot:
-        print(eval_table(args.plot))
-        print(plot_run(args.plot))
+        for run in args.plot:
+            print(eval_table(run))
+            print(plot_run(run))
+        if len(args.plot) > 1:
+            rows = lineage_rows(args.plot)
+            print(lineage_table(rows))
+            print(plot_lineage(rows, Path(args.plot[-1]) / "lineage.png"))
         return 0
     if not args.data or not args.out:
         raise InvalidArgumentError("train needs --data and --out (or --plot RUN)")
@@ -280,7 +287,8 @@ def _train(args: argparse.Namespace) -> Path:
                       distill=args.distill, distill_topk=args.distill_topk, labels=args.labels, stash=args.stash,
                       autocast=args.autocast,
                       extra={"data": args.data, "target": args.target, "features": args.features,
-                             "max_len": args.max_len, "sequences": len(sequences)})
+                             "max_len": args.max_len, "sequences": len(sequences),
+                             "response_tokens": sum(int(s.loss_mask.sum()) for s in sequences)})
     try:
         return Trainer(cfg, target, drafter, sequences, features, eval_prompts).run(resume=args.resume)
     finally:

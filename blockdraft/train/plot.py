@@ -1,10 +1,12 @@
-"""Training curves from a run's metrics.jsonl, drawn to PNG, and its evaluations as a Markdown table."""
+"""Training curves from a run's metrics.jsonl, drawn to PNG, and its evaluations as a Markdown table; for runs that
+continue one another (a campaign's stages), the engine's acceptance against the response tokens trained on."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from blockdraft.errors import InvalidArgumentError
+from blockdraft.train.shards import read_split
 
 
 SMOOTH = 20  # log rows in the running mean drawn over noisy curves
@@ -81,3 +83,81 @@ def plot_run(run: str | Path, path: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def tokens_per_epoch(run: str | Path) -> int:
+    """Response tokens one epoch of `run` trains on: recorded by the trainer (its config's `response_tokens`), or,
+    for runs from before it did, the recorded response tokens of the first `sequences` train records of its data
+    folders in order (the records the run loaded, if none was dropped or cut by --max-len)."""
+    extra = _trainer_state(Path(run))["config"].get("extra", {})
+    if "response_tokens" in extra:
+        return int(extra["response_tokens"])
+    if "sequences" not in extra or "data" not in extra:
+        raise InvalidArgumentError(f"{run}: its checkpoint does not say what it trained on (config extra 'data', "
+                                   "'sequences'); expected a run of `blockdraft train`")
+    left, total = int(extra["sequences"]), 0
+    for folder in extra["data"]:
+        for record in read_split(Path(folder), "train"):
+            if left == 0:
+                return total
+            if "response_tokens" not in record:
+                raise InvalidArgumentError(f"{folder}: its records do not count their response tokens (imported "
+                                           "chats); expected regenerated answers, or a run that recorded them")
+            total, left = total + int(record["response_tokens"]), left - 1
+    return total
+
+
+def lineage_rows(runs: list[str | Path]) -> list[dict]:
+    """The engine evaluations of `runs`, each started from the previous one's weights, placed by the response
+    tokens trained on since the first one started (epochs x the tokens of one epoch, repeats counted)."""
+    out, seen = [], 0.0
+    for run in map(Path, runs):
+        rows, per_epoch = _rows(run), tokens_per_epoch(run)
+        train = [r for r in rows if "loss" in r and r.get("epoch")]
+        if not train:
+            raise InvalidArgumentError(f"{run}: no training steps logged yet; expected a run that has trained")
+        steps_per_epoch = train[-1]["step"] / train[-1]["epoch"]
+        for r in rows:
+            if "eval_acceptance_length" in r:
+                epoch = r["step"] / steps_per_epoch
+                out.append({"run": run.name, "step": r["step"], "epoch": epoch, "tokens_seen": seen + epoch * per_epoch,
+                            "acceptance": r["eval_acceptance_length"]})
+        seen += train[-1]["epoch"] * per_epoch
+    return out
+
+
+def lineage_table(rows: list[dict]) -> str:
+    lines = ["| run | step | epoch | response tokens trained on | held-out acceptance length |", "|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['step']:,} | {r['epoch']:.2f} | {r['tokens_seen'] / 1e6:.2f}M | {r['acceptance']:.3f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def plot_lineage(rows: list[dict], path: str | Path) -> Path:
+    """Acceptance against the response tokens trained on (millions), one series per run -> `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in dict.fromkeys(r["run"] for r in rows):
+        mine = [r for r in rows if r["run"] == run]
+        ax.plot([r["tokens_seen"] / 1e6 for r in mine], [r["acceptance"] for r in mine], "o-", label=run)
+    ax.set(xlabel="response tokens trained on (millions, repeats counted)", ylabel="acceptance length",
+           title="engine acceptance on held-out prompts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def _trainer_state(run: Path) -> dict:
+    """The latest checkpoint's trainer.json of a run folder (checkpoints/step-N) or of a stash (step-N)."""
+    steps = sorted([*run.glob("checkpoints/step-[0-9]*/trainer.json"), *run.glob("step-[0-9]*/trainer.json")],
+                   key=lambda p: int(p.parent.name.split("-")[1]))
+    if not steps:
+        raise InvalidArgumentError(f"{run}: no checkpoint (checkpoints/step-N or step-N with a trainer.json); "
+                                   "expected a training run folder or its stash")
+    return json.loads(steps[-1].read_text())

@@ -37,6 +37,11 @@ def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert pipe.generate("count", max_new_tokens=5).stats.new_tokens == 5
     assert main(["train", "--plot", str(run)]) == 0
     assert (run / "curves.png").stat().st_size > 10_000
+    saved = json.loads(sorted((run / "checkpoints").glob("step-*/trainer.json"))[-1].read_text())
+    assert saved["config"]["extra"]["response_tokens"] > 0 and len(saved["data_fingerprint"]) == 64
+    assert main(["train", "--plot", str(run), "--plot", str(run)]) == 0  # a lineage (here the run twice)
+    assert "| run | step | epoch | response tokens trained on |" in capsys.readouterr().out
+    assert (run / "lineage.png").stat().st_size > 10_000
     assert main(["train", "--data", str(data)]) == 2  # --out missing: a clear error, not a traceback
     own = tmp_path / "own-vocab"
     assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5", "--data", str(data),
