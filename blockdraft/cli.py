@@ -183,16 +183,13 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _draft_vocab(args: argparse.Namespace, target: str):
-    from transformers import AutoTokenizer
-
     from blockdraft.modeling.draft_vocab import frequent_tokens
-    from blockdraft.modeling.registry import resolve_target
+    from blockdraft.modeling.registry import load_tokenizer
     from blockdraft.train.data import load_sequences
 
     if not args.data:
         raise InvalidArgumentError("--draft-vocab needs --data: the regenerated answers whose tokens it counts")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_target(target))
-    sequences = load_sequences(args.data, "train", tokenizer, max_len=1 << 20)
+    sequences = load_sequences(args.data, "train", load_tokenizer(target), max_len=1 << 20)
     ids, coverage = frequent_tokens((s.input_ids[s.loss_mask] for s in sequences), args.draft_vocab)
     log.warning("draft vocabulary: %d tokens covering %.2f%% of the %d answers' tokens", ids.numel(), 100 * coverage,
                 len(sequences))

@@ -113,6 +113,13 @@ def resolve_target(spec: str) -> str:
                           ".gguf file, and not a hub id of the form owner/name")
 
 
+def load_tokenizer(spec: str = DEFAULT_TARGET):
+    """The tokenizer of target `spec` (as `resolve_target` finds it), without loading its weights."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_target(spec))
+
+
 def load_target(spec: str = DEFAULT_TARGET, *, device: str | None = None, dtype: str | torch.dtype | None = None,
                 fast: bool = True, pack: bool | None = None) -> TargetModel:
     """A target by id, folder or hub id; Llama / Qwen2 / Qwen3 on our fast path unless `fast=False`.

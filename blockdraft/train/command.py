@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from blockdraft.modeling.registry import DEFAULT_TARGET, add_pack_argument, pack_choice
+from blockdraft.modeling.registry import DEFAULT_TARGET, add_pack_argument, load_tokenizer, pack_choice
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def run_data(args: argparse.Namespace) -> int:
         from blockdraft.train.inventory import folder_kind, inventory, render_inventory
 
         imported = not args.no_tokens and any(folder_kind(Path(f)) == "imported" for f in args.folders)
-        tokenizer = _tokenizer(args.target) if imported else None
+        tokenizer = load_tokenizer(args.target) if imported else None
         rows = [row for folder in args.folders for row in inventory(folder, tokenizer)]
         print("\n".join(json.dumps(r) for r in rows) if args.json else render_inventory(rows))
         return 0
@@ -182,14 +182,6 @@ def run_data(args: argparse.Namespace) -> int:
                              chat_template_kwargs=kwargs)
     print(json.dumps(regenerate(_load_target(args, pack_choice(args)), prompts, args.out, settings)))
     return 0
-
-
-def _tokenizer(target: str):
-    from transformers import AutoTokenizer
-
-    from blockdraft.modeling.registry import resolve_target
-
-    return AutoTokenizer.from_pretrained(resolve_target(target))
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.train.shards import read_split
+from blockdraft.files import atomic_path
+from blockdraft.modeling.registry import load_tokenizer
+from blockdraft.train.data import load_sequences
 
 
 SMOOTH = 20  # log rows in the running mean drawn over noisy curves
@@ -80,50 +83,56 @@ def plot_run(run: str | Path, path: str | Path | None = None) -> Path:
     axes[2].set(title="per-slot accuracy", xlabel="step")
     fig.tight_layout()
     out = Path(path) if path else run / "curves.png"
-    fig.savefig(out, dpi=100)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return out
 
 
-def tokens_per_epoch(run: str | Path) -> int:
-    """Response tokens one epoch of `run` trains on: recorded by the trainer (its config's `response_tokens`), or,
-    for runs from before it did, the recorded response tokens of the first `sequences` train records of its data
-    folders in order (the records the run loaded, if none was dropped or cut by --max-len)."""
+def tokens_per_epoch(run: str | Path, tokenizer: Any = None) -> int:
+    """Supervised (response) tokens one epoch of `run` trains on, earlier answers of a multi-turn record included:
+    as the trainer recorded it (its config's `response_tokens`), or for runs from before it did, counted again
+    over the first `sequences` training sequences of its data folders, in order (`tokenizer`: the target's)."""
     extra = _trainer_state(Path(run))["config"].get("extra", {})
     if "response_tokens" in extra:
         return int(extra["response_tokens"])
-    if "sequences" not in extra or "data" not in extra:
-        raise InvalidArgumentError(f"{run}: its checkpoint does not say what it trained on (config extra 'data', "
-                                   "'sequences'); expected a run of `blockdraft train`")
+    missing = [k for k in ("data", "sequences", "max_len", "target") if k not in extra]
+    if missing:
+        raise InvalidArgumentError(f"{run}: its checkpoint does not say what it trained on (config extra {missing}); "
+                                   "expected a run of `blockdraft train`")
+    tokenizer = tokenizer or load_tokenizer(extra["target"])
     left, total = int(extra["sequences"]), 0
     for folder in extra["data"]:
-        for record in read_split(Path(folder), "train"):
-            if left == 0:
-                return total
-            if "response_tokens" not in record:
-                raise InvalidArgumentError(f"{folder}: its records do not count their response tokens (imported "
-                                           "chats); expected regenerated answers, or a run that recorded them")
-            total, left = total + int(record["response_tokens"]), left - 1
+        for seq in load_sequences(folder, "train", tokenizer, extra["max_len"], limit=left) if left else []:
+            total, left = total + int(seq.loss_mask.sum()), left - 1
+    if left:
+        raise InvalidArgumentError(f"{run}: trained on {extra['sequences']} sequences, but {extra['data']} now hold "
+                                   f"{extra['sequences'] - left}; expected its data folders as they were")
     return total
 
 
-def lineage_rows(runs: list[str | Path]) -> list[dict]:
+def lineage_rows(runs: list[str | Path], tokenizer: Any = None) -> list[dict]:
     """The engine evaluations of `runs`, each started from the previous one's weights, placed by the response
     tokens trained on since the first one started (epochs x the tokens of one epoch, repeats counted)."""
     out, seen = [], 0.0
     for run in map(Path, runs):
-        rows, per_epoch = _rows(run), tokens_per_epoch(run)
-        train = [r for r in rows if "loss" in r and r.get("epoch")]
-        if not train:
-            raise InvalidArgumentError(f"{run}: no training steps logged yet; expected a run that has trained")
-        steps_per_epoch = train[-1]["step"] / train[-1]["epoch"]
+        rows, per_epoch, state = _rows(run), tokens_per_epoch(run, tokenizer), _trainer_state(run)
+        steps_per_epoch = state.get("steps_per_epoch") or _logged_steps_per_epoch(run, rows)
         for r in rows:
             if "eval_acceptance_length" in r:
                 epoch = r["step"] / steps_per_epoch
                 out.append({"run": run.name, "step": r["step"], "epoch": epoch, "tokens_seen": seen + epoch * per_epoch,
                             "acceptance": r["eval_acceptance_length"]})
-        seen += train[-1]["epoch"] * per_epoch
+        seen += state["step"] / steps_per_epoch * per_epoch  # the next run starts from this checkpoint
     return out
+
+
+def _logged_steps_per_epoch(run: Path, rows: list[dict]) -> float:
+    """Steps per epoch of a run that did not record it, from its last log row (epochs are logged to 4 digits)."""
+    train = [r for r in rows if "loss" in r and r.get("epoch")]
+    if not train:
+        raise InvalidArgumentError(f"{run}: no training steps logged yet; expected a run that has trained")
+    return train[-1]["step"] / train[-1]["epoch"]
 
 
 def lineage_table(rows: list[dict]) -> str:
@@ -148,7 +157,8 @@ def plot_lineage(rows: list[dict], path: str | Path) -> Path:
            title="engine acceptance on held-out prompts")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return Path(path)
 

@@ -10,22 +10,29 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
+from typing import Callable, Union
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ECHO_SECONDS = 1.0  # a second signal this soon is the same request arriving twice (torchrun passes on what it
+#                     gets, and Ctrl-C reaches the whole process group), not a second request
+Handler = Union[Callable[[int, Union[FrameType, None]], object], int, None]
 
 
 class GracefulStop:
     """While active, the first SIGINT / SIGTERM sets `requested` instead of interrupting; a second one raises
     KeyboardInterrupt. `where` says in the log where the job stops (e.g. "the end of this step"). Outside the
-    main thread, where Python cannot catch signals, it leaves them alone and `requested` stays False."""
+    main thread, where Python cannot catch signals, it leaves them alone and `requested` stays False. A repeat
+    within ECHO_SECONDS counts as the same request."""
 
     def __init__(self, where: str) -> None:
         self.where = where
         self.requested = False
-        self._previous: dict[int, object] = {}
+        self._first = 0.0
+        self._previous: dict[int, Handler] = {}
 
     def __enter__(self) -> "GracefulStop":
         if threading.current_thread() is threading.main_thread():
@@ -34,11 +41,13 @@ class GracefulStop:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: a handler not set from Python
         self._previous = {}
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.requested:
+            if time.monotonic() - self._first < ECHO_SECONDS:
+                return
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self._first = True, time.monotonic()
         log.warning("%s: stopping at %s; send it again to stop at once", signal.Signals(signum).name, self.where)

@@ -154,13 +154,6 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted((out / "checkpoints").glob("step-[0-9]*"), key=lambda p: int(p.name.split("-")[1]))
 
 
-# The settings that decide a run's trajectory: a resume must keep them. The others (logging, saving, evaluation,
-# the time budget, where things go, how features are kept) may change between a run and its resume.
-TRAJECTORY = ("epochs", "lr", "warmup_ratio", "min_lr_ratio", "weight_decay", "grad_clip", "batch_size",
-              "grad_accum", "max_anchors", "loss", "gamma", "attention", "vocab", "vocab_negatives", "distill",
-              "distill_topk", "labels", "autocast", "seed")
-
-
 def data_fingerprint(sequences: list[Sequence]) -> str:
     """sha256 of the training sequences in order (ids, tokens, loss masks): what a resume must find again."""
     h = hashlib.sha256()
@@ -171,26 +164,32 @@ def data_fingerprint(sequences: list[Sequence]) -> str:
     return h.hexdigest()
 
 
-def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str) -> None:
-    """Refuse to resume checkpoint `path` with other trajectory settings or other data: the run would go on from
-    its step with another schedule or epoch order, and end with weights no uninterrupted run gives."""
+def check_resumable(path: Path, trajectory: dict[str, Any], fingerprint: str) -> None:
+    """Refuse to resume checkpoint `path` with another trajectory (`Trainer.trajectory`: the settings as they take
+    effect, the processes, the data): the run would go on from its step with another schedule, batch or epoch
+    order, and end with weights no uninterrupted run gives. A finished run has nothing left to train: not checked."""
     meta = json.loads((path / "trainer.json").read_text())
-    saved, now = meta.get("config", {}), json.loads(json.dumps(asdict(cfg)))
-    changed = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in TRAJECTORY if k in saved and saved[k] != now[k]]
+    if meta.get("total_steps") is not None and meta["step"] >= meta["total_steps"]:
+        return
+    if "trajectory" not in meta:
+        log.warning("%s predates resume checks: cannot check that the settings and data are unchanged", path)
+        return
+    saved, now = meta["trajectory"], json.loads(json.dumps(trajectory))
+    changed = [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted({*saved, *now}) if saved.get(k) != now.get(k)]
     if changed:
         raise InvalidArgumentError(f"--resume from {path}: its run had other settings ({', '.join(changed)}); "
                                    "expected the same ones, or a new --out (with --init to start from its weights)")
-    if "data_fingerprint" not in meta:
-        log.warning("%s predates data fingerprints: cannot check that the training data is unchanged", path)
-    elif meta["data_fingerprint"] != fingerprint:
-        raise InvalidArgumentError(f"--resume from {path}: the training sequences changed since it was saved "
-                                   "(other data folders, new records, --limit or --max-len); expected the same "
-                                   "data, or a new --out (with --init to start from its weights)")
+    if meta.get("data_fingerprint") != fingerprint:
+        raise InvalidArgumentError(f"--resume from {path}: the training sequences changed since it was saved (same "
+                                   "count, other tokens: records, --max-len, the tokenizer or chat template); expected "
+                                   "the same data, or a new --out (with --init to start from its weights)")
 
 
 def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.optim.Optimizer,
                     cfg: TrainConfig, keep: int, total_steps: int | None = None,
-                    fingerprint: str | None = None) -> Path:
+                    run: dict[str, Any] | None = None) -> Path:
+    """A step folder: the drafter (fp32), AdamW's state, and trainer.json (step, schedule, config and `run`: what a
+    resume checks and a plot reads); the oldest beyond `keep` are removed."""
     state = optimizer.state_dict()
     tensors = {f"state.{i}.{k}": v.detach().cpu().contiguous() for i, s in state["state"].items()
                for k, v in s.items()}
@@ -201,7 +200,7 @@ def save_checkpoint(out: Path, step: int, drafter: Drafter, optimizer: torch.opt
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer.json").write_text(json.dumps({"step": step, "total_steps": total_steps,
                                                       "param_groups": groups, "config": asdict(cfg),
-                                                      "data_fingerprint": fingerprint}, indent=2))
+                                                      **(run or {})}, indent=2))
     for old in _checkpoints(out)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
@@ -354,7 +353,7 @@ class Trainer:
         cfg, out = self.cfg, self.out
         step, planned = 0, False
         if resume and _checkpoints(out):
-            check_resumable(_checkpoints(out)[-1], cfg, self.fingerprint)
+            check_resumable(_checkpoints(out)[-1], self.trajectory(), self.fingerprint)
             step, total = load_checkpoint(_checkpoints(out)[-1], self.drafter, self.optimizer)
             planned = total is not None and total != self.total_steps
             self.total_steps = total or self.total_steps
@@ -406,18 +405,30 @@ class Trainer:
                 if step < last and self._agree(float(stop.requested)):
                     bar.close()
                     self._stop(step, window, lr, t0, saved=step % cfg.save_every == 0)
-        bar.close()
-        if window:  # stopped by the time budget between log rows: the last steps are logged too
-            self._log(_summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0))
-        self.check_sync()
-        if self.rank == 0:
-            self._save(step)
-            save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
+            bar.close()
+            if window:  # stopped by the time budget between log rows: the last steps are logged too
+                self._log(_summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0))
+            self.check_sync()
+            if self.rank == 0:  # a signal here waits for the last checkpoint and the final drafter
+                self._save(step)
+                save_drafter(self.drafter, out / "final", metadata={"step": str(step)})
         if not _evaluated(out / "metrics.jsonl", step):  # a finished run started again, or a budget stop right
             self._evaluate(step)                          # after an evaluation: no second row for the step
         if self.rank == 0 and self.cfg.stash:  # the final evaluation joins the stashed curve
             stash_metrics(self.out / "metrics.jsonl", Path(self.cfg.stash))
         return out / "final"
+
+    def trajectory(self) -> dict[str, Any]:
+        """The settings as they take effect (gamma, attention and autocast resolved; options that do nothing left
+        out), the processes and the number of sequences: a resume must find the same."""
+        cfg = self.cfg
+        return {"epochs": cfg.epochs, "lr": cfg.lr, "warmup_ratio": cfg.warmup_ratio, "min_lr_ratio": cfg.min_lr_ratio,
+                "weight_decay": cfg.weight_decay, "grad_clip": cfg.grad_clip, "batch_size": cfg.batch_size,
+                "grad_accum": cfg.grad_accum, "processes": self.world, "max_anchors": cfg.max_anchors,
+                "loss": cfg.loss, "gamma": self.gamma, "attention": self.attention, "vocab": cfg.vocab,
+                "vocab_negatives": cfg.vocab_negatives if cfg.vocab == "data" else None, "distill": cfg.distill,
+                "distill_topk": cfg.distill_topk if cfg.distill else None, "labels": cfg.labels, "bf16": self.bf16,
+                "seed": cfg.seed, "sequences": len(self.sequences)}
 
     def _stop(self, step: int, window: list[dict[str, Any]], lr: float, t0: float, saved: bool) -> None:
         """Stop on a signal between two steps: log the steps since the last log row, save this step (unless the
@@ -427,13 +438,18 @@ class Trainer:
         self.check_sync()
         if self.rank == 0 and not saved:
             self._save(step)
+        elif self.rank == 0 and window and self.cfg.stash:  # the row just logged joins the stashed curve
+            stash_metrics(self.out / "metrics.jsonl", Path(self.cfg.stash))
+        if self.world > 1:  # no rank exits (and has torchrun stop the others) before rank 0 has saved
+            dist.barrier()
         log.warning("stopped at step %d of %d and saved it: --resume goes on from there", step, self.total_steps)
         raise KeyboardInterrupt
 
     def _save(self, step: int) -> None:
         """A checkpoint of this step in the run folder, and in the stash folder when there is one."""
         path = save_checkpoint(self.out, step, self.drafter, self.optimizer, self.cfg, self.cfg.keep_checkpoints,
-                               self.total_steps, self.fingerprint)
+                               self.total_steps, {"trajectory": self.trajectory(), "data_fingerprint": self.fingerprint,
+                                                  "steps_per_epoch": self.steps_per_epoch})
         if self.cfg.stash:
             stash_checkpoint(path, Path(self.cfg.stash), self.out / "metrics.jsonl")
 

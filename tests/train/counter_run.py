@@ -1,6 +1,6 @@
 """Training run on the counting target, as a separate process (for the kill/resume and torchrun tests).
 
-    python -m tests.train.counter_run TARGET_DIR OUT_DIR STEPS [--resume]
+    python -m tests.train.counter_run TARGET_DIR OUT_DIR STEPS [--resume] [--save-every=N] [--epochs=N]
 """
 import logging
 import sys
@@ -19,7 +19,9 @@ def main(argv: list[str]) -> None:
     target_dir, out, steps = argv[0], argv[1], int(argv[2])
     target = TargetModel(AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32))
     drafter = new_drafter(target, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
-    cfg = TrainConfig(out=out, epochs=4, lr=3e-3, max_anchors=16, log_every=5, save_every=2, max_steps=steps,
+    save_every = next((int(a.split("=")[1]) for a in argv if a.startswith("--save-every=")), 2)
+    epochs = next((int(a.split("=")[1]) for a in argv if a.startswith("--epochs=")), 4)
+    cfg = TrainConfig(out=out, epochs=epochs, lr=3e-3, max_anchors=16, log_every=1, save_every=save_every, max_steps=steps,
                       keep_checkpoints=3)
     with distributed_world():
         Trainer(cfg, target, drafter, sequences(32), OnlineFeatures(target)).run(resume="--resume" in argv)

@@ -39,6 +39,12 @@ def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert (run / "curves.png").stat().st_size > 10_000
     saved = json.loads(sorted((run / "checkpoints").glob("step-*/trainer.json"))[-1].read_text())
     assert saved["config"]["extra"]["response_tokens"] > 0 and len(saved["data_fingerprint"]) == 64
+    from blockdraft.train.plot import tokens_per_epoch  # a run from before recorded tokens counts them again
+    recorded = tokens_per_epoch(run)
+    path = sorted((run / "checkpoints").glob("step-*/trainer.json"))[-1]
+    del saved["config"]["extra"]["response_tokens"]
+    path.write_text(json.dumps(saved))
+    assert tokens_per_epoch(run) == recorded  # the same count
     assert main(["train", "--plot", str(run), "--plot", str(run)]) == 0  # a lineage (here the run twice)
     assert "| run | step | epoch | response tokens trained on |" in capsys.readouterr().out
     assert (run / "lineage.png").stat().st_size > 10_000

@@ -4,20 +4,34 @@ import threading
 
 import pytest
 
+from blockdraft.train import stopping
 from blockdraft.train.stopping import GracefulStop
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_the_first_signal_asks_and_the_second_interrupts(sig, caplog):
+def test_the_first_signal_asks_and_the_second_interrupts(sig, caplog, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: clock[0])
     before = signal.getsignal(sig)
     with GracefulStop("the end of this step") as stop:
         assert not stop.requested
         os.kill(os.getpid(), sig)
         assert stop.requested  # the job goes on to its safe point
         assert f"{signal.Signals(sig).name}: stopping at the end of this step" in caplog.text
+        clock[0] += stopping.ECHO_SECONDS / 2
+        os.kill(os.getpid(), sig)  # the same request again (torchrun passing it on, Ctrl-C to the process group)
+        clock[0] += stopping.ECHO_SECONDS
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), sig)
     assert signal.getsignal(sig) is before
+
+
+def test_a_handler_not_set_from_python_comes_back_as_the_default(monkeypatch):
+    installed = {}
+    monkeypatch.setattr(stopping.signal, "signal", lambda sig, handler: installed.setdefault(sig, []).append(handler))
+    with GracefulStop("x"):
+        pass
+    assert all(handlers[-1] is signal.SIG_DFL for handlers in installed.values())  # signal() gave None
 
 
 def test_handlers_come_back_when_the_block_raises():

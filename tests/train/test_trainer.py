@@ -187,8 +187,11 @@ def test_a_signal_stops_after_its_step_which_is_saved_and_resumes_bitwise(counte
     assert load_checkpoint(_checkpoints(tmp_path / "cut")[-1], drafter, resumed.optimizer)[0] == 8
 
 
-def test_a_second_signal_stops_at_once_without_saving(counter, tmp_path, sigterm_interrupts):
+def test_a_second_signal_stops_at_once_without_saving(counter, tmp_path, sigterm_interrupts, monkeypatch):
+    from blockdraft.train import stopping
     from blockdraft.train.trainer import _checkpoints
+
+    monkeypatch.setattr(stopping, "ECHO_SECONDS", 0.0)  # the two signals come within a moment
 
     with pytest.raises(KeyboardInterrupt):
         _signal_run(counter, tmp_path / "cut", SignalAt(counter, call=5, count=2))
@@ -206,24 +209,29 @@ def _short_run(counter, out: Path, seqs: list[Sequence], resume: bool = False, *
 
 def test_a_resume_with_other_settings_or_other_data_is_refused(counter, tmp_path, caplog):
     from blockdraft.errors import InvalidArgumentError
+    from blockdraft.train.loss import default_gamma
     from blockdraft.train.trainer import _checkpoints
 
     _short_run(counter, tmp_path, sequences(8), lr=1e-3)
     with pytest.raises(InvalidArgumentError, match=r"other settings \(lr 0.001 -> 0.002, seed 0 -> 1\)"):
         _short_run(counter, tmp_path, sequences(8), resume=True, lr=2e-3, seed=1)
-    with pytest.raises(InvalidArgumentError, match="the training sequences changed since it was saved"):
+    with pytest.raises(InvalidArgumentError, match=r"other settings \(sequences 8 -> 10\)"):
         _short_run(counter, tmp_path, sequences(10), resume=True, lr=1e-3)  # two more records
     changed = sequences(8)
     changed[3] = Sequence(changed[3].id, changed[3].input_ids, torch.roll(changed[3].loss_mask, 1))
-    with pytest.raises(InvalidArgumentError, match="the training sequences changed"):
+    with pytest.raises(InvalidArgumentError, match="the training sequences changed since it was saved"):
         _short_run(counter, tmp_path, changed, resume=True, lr=1e-3)  # one loss mask moved
-    # what may change: saving, logging, evaluation, the step limit
-    _short_run(counter, tmp_path, sequences(8), resume=True, lr=1e-3, max_steps=3, save_every=7, log_every=1)
+    with pytest.raises(InvalidArgumentError, match="bf16 False -> True"):
+        _short_run(counter, tmp_path, sequences(8), resume=True, lr=1e-3, autocast="bf16")
+    # what may change: saving, logging, evaluation, the step limit, and a setting spelled as what it resolves to
+    _short_run(counter, tmp_path, sequences(8), resume=True, lr=1e-3, max_steps=3, save_every=7, log_every=1,
+               gamma=default_gamma(6), attention="grouped", vocab_negatives=5)
     assert "resumed from step 2" in caplog.text
-    meta = _checkpoints(tmp_path)[-1] / "trainer.json"  # a checkpoint from before fingerprints: resumed, with a word
-    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "data_fingerprint"}))
+    meta = _checkpoints(tmp_path)[-1] / "trainer.json"  # a checkpoint from before the checks: resumed, with a word
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "trajectory"}))
     _short_run(counter, tmp_path, sequences(9), resume=True, lr=1e-3, max_steps=4)
-    assert "predates data fingerprints" in caplog.text
+    assert "predates resume checks" in caplog.text
+    _short_run(counter, tmp_path, sequences(12), resume=True, lr=1e-3)  # finished: nothing to train, not checked
 
 
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
@@ -321,6 +329,25 @@ def test_torchrun_two_processes_stay_in_sync(counter_dir, tmp_path):
     assert "terminate called" not in output  # a rank that exits inside the process group can abort
     assert output.count("all 2 ranks hold identical weights") >= 2  # at checkpoints and at the end
     assert (tmp_path / "ddp" / "final" / "model.safetensors").is_file()
+
+
+def test_torchrun_stops_every_rank_after_one_step_on_sigterm_and_rank_0_saves_it(counter_dir, tmp_path):
+    from blockdraft.train.trainer import _checkpoints
+
+    out = tmp_path / "ddp"
+    proc = _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tests.train.counter_run",
+                str(counter_dir), str(out), "100000", "--save-every=100000", "--epochs=1000")
+    metrics, deadline = out / "metrics.jsonl", time.time() + 240
+    while proc.poll() is None and time.time() < deadline and \
+            not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
+    output = proc.communicate(timeout=120)[0]
+    assert "stopped at step" in output and "terminate called" not in output, output
+    assert "all 2 ranks hold identical weights" in output  # both ranks stopped at the same step
+    steps = [int(p.name.split("-")[1]) for p in _checkpoints(out)]
+    assert len(steps) == 1 and 3 <= steps[0] < 1000, output  # that step, saved by rank 0 before anyone left
+    assert not (out / "final").exists()
 
 
 def test_distributed_world_joins_and_leaves_the_process_group(monkeypatch):
