@@ -33,7 +33,7 @@ from blockdraft.decoding.engine import DecodeOptions, SpeculativeEngine
 from blockdraft.decoding.replay import replay_acceptance
 from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
-from blockdraft.files import atomic_dir
+from blockdraft.files import atomic_dir, atomic_path
 from blockdraft.modeling.checkpoint import load_drafter, save_drafter
 from blockdraft.modeling.config import DrafterConfig
 from blockdraft.modeling.drafter import Drafter, MaskFn
@@ -489,12 +489,24 @@ class Trainer:
             return
         prompts = self.eval_prompts[: self.cfg.eval_prompts]
         if self._continuations is None:
-            self._continuations = greedy_continuations(self.target, self.drafter, prompts,
-                                                       self.cfg.eval_max_new_tokens)
+            self._continuations = self._saved_continuations(prompts)
         tau = engine_acceptance(self.target, self.drafter, prompts, self._continuations)
         log.warning("step %d: engine acceptance length %.3f on %d held-out prompts", step, tau,
                     min(len(self.eval_prompts), self.cfg.eval_prompts))
         self._log({"step": step, "eval_acceptance_length": tau, "eval_prompts": len(self.eval_prompts[: self.cfg.eval_prompts])})
+
+    def _saved_continuations(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The eval prompts' plain greedy output, kept in the run folder: a resumed run (every session of a
+        campaign) replays on the same tokens without decoding them again (~2 min for 24 x 128 on a CPU)."""
+        path, tokens = self.out / "eval-continuations.json", self.cfg.eval_max_new_tokens
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved["prompts"] == prompts and saved["max_new_tokens"] == tokens:
+                return saved["continuations"]
+        continuations = greedy_continuations(self.target, self.drafter, prompts, tokens)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({"prompts": prompts, "max_new_tokens": tokens, "continuations": continuations}))
+        return continuations
 
     def _log(self, row: dict[str, Any]) -> None:
         if self.rank == 0:

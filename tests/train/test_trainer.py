@@ -234,6 +234,28 @@ def test_a_resume_with_other_settings_or_other_data_is_refused(counter, tmp_path
     _short_run(counter, tmp_path, sequences(12), resume=True, lr=1e-3)  # finished: nothing to train, not checked
 
 
+def test_the_eval_continuations_are_decoded_once_per_run_folder(counter, tmp_path, monkeypatch):
+    from blockdraft.train import trainer as trainer_module
+
+    prompts = [s.input_ids[:6].tolist() for s in sequences(2)]
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    cfg = TrainConfig(out=str(tmp_path), epochs=1, max_anchors=4, max_steps=0, eval_prompts=2, eval_max_new_tokens=8)
+    Trainer(cfg, counter, drafter, sequences(4), OnlineFeatures(counter), prompts).run()
+    saved = json.loads((tmp_path / "eval-continuations.json").read_text())
+    assert saved["prompts"] == prompts and [len(c) for c in saved["continuations"]] == [8, 8]
+
+    def decode_again(*_args):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(trainer_module, "greedy_continuations", decode_again)
+    again = Trainer(cfg, counter, drafter, sequences(4), OnlineFeatures(counter), prompts)
+    again._evaluate(1)  # a resumed run: the saved continuations
+    other = Trainer(TrainConfig(**{**cfg.__dict__, "eval_max_new_tokens": 4}), counter, drafter, sequences(4),
+                    OnlineFeatures(counter), prompts)
+    with pytest.raises(AssertionError, match="decoded again"):  # other settings: decoded afresh
+        other._evaluate(1)
+
+
 def test_too_few_sequences_for_one_step_is_a_clear_error(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
