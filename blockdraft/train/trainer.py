@@ -379,15 +379,7 @@ class Trainer:
                         per_step = (elapsed - timed_from) / PLAN_TIMED_STEPS
                         last = self._plan(step, elapsed, per_step, last)
                         bar.total, planned = last, True
-                lr = lr_at(step, self.total_steps, cfg)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                micro = self._micro_batches(step)
-                for batch in micro:
-                    window.append(self._micro_step(batch, 1.0 / len(micro), step))
-                torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                lr = self._train_step(step, window)
                 step += 1
                 if step % cfg.log_every == 0 or step == last:
                     row = _summarise(window, step, step / self.steps_per_epoch, lr, time.perf_counter() - t0)
@@ -417,6 +409,19 @@ class Trainer:
         if self.rank == 0 and self.cfg.stash:  # the final evaluation joins the stashed curve
             stash_metrics(self.out / "metrics.jsonl", Path(self.cfg.stash))
         return out / "final"
+
+    def _train_step(self, step: int, window: list[dict[str, Any]]) -> float:
+        """One optimizer step at `step` (its micro-batches' records appended to `window`); returns its rate."""
+        lr = lr_at(step, self.total_steps, self.cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro = self._micro_batches(step)
+        for batch in micro:
+            window.append(self._micro_step(batch, 1.0 / len(micro), step))
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr
 
     def trajectory(self) -> dict[str, Any]:
         """The settings as they take effect (gamma, attention and autocast resolved; options that do nothing left
