@@ -37,6 +37,16 @@ def eight_grams(text: str) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + 8]) for i in range(len(words) - 7)}
 
 
+def benchmark_eight_grams() -> set[tuple[str, ...]]:
+    """Every 8-word run of the MT-Bench (follow-ups too) and HumanEval prompts."""
+    out = set()
+    for name in ("mt-bench", "humaneval"):
+        for prompt in shipped_prompts(name):
+            for turn in [m["content"] for m in prompt.messages] + list(prompt.followups):
+                out |= eight_grams(turn)
+    return out
+
+
 def test_the_data_is_complete(script):
     assert len(script.data.TEMPLATES) == 9 and len(script.data.PASSAGES) >= 20
     assert all(len(values) >= 30 for values in script.data.FILLERS.values())
@@ -69,11 +79,7 @@ def test_a_seed_gives_the_same_prompts_and_another_seed_others(script, tmp_path)
 
 
 def test_no_prompt_shares_eight_words_with_the_benchmarks(script, tmp_path):
-    benchmark = set()
-    for name in ("mt-bench", "humaneval"):
-        for prompt in shipped_prompts(name):
-            for turn in [m["content"] for m in prompt.messages] + list(prompt.followups):
-                benchmark |= eight_grams(turn)
+    benchmark = benchmark_eight_grams()
     assert len(benchmark) > 1000
     overlaps = [p.text for p in load_prompts(str(write(script, tmp_path / "s.jsonl.gz")))
                 if eight_grams(p.text) & benchmark]
@@ -88,3 +94,11 @@ def test_an_impossible_count_fails_with_one_line_and_writes_nothing(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot make 30000 distinct prompts" in lines[0]
     assert re.search(r"made only \d+", lines[0])
+
+
+def test_the_shipped_file_is_the_scripts_output_and_clear_of_the_benchmarks(script, tmp_path):
+    shipped = Path(__file__).resolve().parents[1] / "data" / "prompts" / "synthetic.jsonl.gz"
+    again = write(script, tmp_path / "again.jsonl.gz", seed=0, count=6000)
+    assert gzip.decompress(shipped.read_bytes()) == gzip.decompress(again.read_bytes())
+    benchmark = benchmark_eight_grams()
+    assert [p.text for p in load_prompts(str(shipped)) if eight_grams(p.text) & benchmark] == []
