@@ -5,6 +5,8 @@
 #                                                  # or a stash: data/checkpoints/v2-campaign/stage1 (its latest step)
 #   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
 #
+# The tables name the shipped drafter $SHIPPED (default v2) and the candidate $CANDIDATE (default v3).
+#
 # 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the regenerated
 #    answers, into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships (git ignores it under
 #    docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
@@ -21,14 +23,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CAND=${1:?usage: scripts/ship_drafter.sh CHECKPOINT [OUT]}
-OUT=${2:-docs/figures/drafter-v2}
+OUT=${2:-docs/figures/drafter-v3}
+SHIPPED=${SHIPPED:-v2} CANDIDATE=${CANDIDATE:-v3}
 BD=${BD:-.venv/bin/blockdraft}
-V1=blockdraft/weights/smollm2-135m-instruct-dflash
+V1=blockdraft/weights/smollm2-135m-instruct-dflash  # the shipped drafter
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 if [[ -n "${DRY:-}" ]]; then N=2 SPEED=1 TOKENS=16; else N=80 SPEED=8 TOKENS=256; fi
 HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 --max-new-tokens $TOKENS"
 SINGLE="--dataset mt-bench --dataset humaneval --max-samples $SPEED --turns 1 --max-new-tokens $TOKENS"
-BOTH=(--drafter "v1=$V1" --drafter "v2=$OUT/drafter")
+BOTH=(--drafter "$SHIPPED=$V1" --drafter "$CANDIDATE=$OUT/drafter")
 mkdir -p "$OUT"
 weights=$(find "$CAND" -name 'model.safetensors*' | sort | xargs -r sha256sum | cut -d' ' -f1 | sha256sum | cut -d' ' -f1)
 [ -n "$(find "$CAND" -name 'model.safetensors*')" ] || { echo "$CAND: expected a drafter folder or a stash" >&2; exit 2; }

@@ -1,9 +1,14 @@
 """Training run on the counting target, as a separate process (for the kill/resume and torchrun tests).
 
     python -m tests.train.counter_run TARGET_DIR OUT_DIR STEPS [--resume] [--save-every=N] [--epochs=N]
+        [--slow-step=S] [--slow-save=S]
+
+--slow-step / --slow-save make every optimizer step / checkpoint save take S seconds longer: the barrier test
+needs a step longer than GracefulStop's echo window and a save still in progress when torchrun stops rank 0.
 """
 import logging
 import sys
+import time
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -21,6 +26,11 @@ def main(argv: list[str]) -> None:
     drafter = new_drafter(target, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
     save_every = next((int(a.split("=")[1]) for a in argv if a.startswith("--save-every=")), 2)
     epochs = next((int(a.split("=")[1]) for a in argv if a.startswith("--epochs=")), 4)
+    for name, method in (("--slow-step=", "_train_step"), ("--slow-save=", "_save")):
+        delay = next((float(a.split("=")[1]) for a in argv if a.startswith(name)), 0.0)
+        if delay:
+            original = getattr(Trainer, method)
+            setattr(Trainer, method, lambda self, *a, _f=original, _d=delay: (time.sleep(_d), _f(self, *a))[1])
     cfg = TrainConfig(out=out, epochs=epochs, lr=3e-3, max_anchors=16, log_every=1, save_every=save_every, max_steps=steps,
                       keep_checkpoints=3)
     with distributed_world():

@@ -353,22 +353,41 @@ def test_torchrun_two_processes_stay_in_sync(counter_dir, tmp_path):
     assert (tmp_path / "ddp" / "final" / "model.safetensors").is_file()
 
 
-def test_torchrun_stops_every_rank_after_one_step_on_sigterm_and_rank_0_saves_it(counter_dir, tmp_path):
+@pytest.mark.parametrize("signalled", ["torchrun", "workers"])
+def test_torchrun_stops_every_rank_after_one_step_on_sigterm_and_rank_0_saves_it(counter_dir, tmp_path, signalled):
+    """SIGTERM to torchrun (which passes it on), or to the workers alone (`kill` on their pids). In the second
+    case, with steps of 2 s and saves of 1 s: rank 1 is done with the step long before rank 0 has saved, and
+    torchrun, seeing a worker leave, sends rank 0 a SIGTERM that is no echo of the first (over a second later), so
+    rank 0 would stop in mid-save unless the ranks wait for each other (the barrier in `Trainer._stop`)."""
     from blockdraft.train.trainer import _checkpoints
 
-    out = tmp_path / "ddp"
+    out, slow = tmp_path / "ddp", ["--slow-step=2", "--slow-save=1"] if signalled == "workers" else []
     proc = _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tests.train.counter_run",
-                str(counter_dir), str(out), "100000", "--save-every=100000", "--epochs=1000")
+                str(counter_dir), str(out), "100000", "--save-every=100000", "--epochs=1000", *slow)
     metrics, deadline = out / "metrics.jsonl", time.time() + 240
-    while proc.poll() is None and time.time() < deadline and \
-            not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
+
+    def rows() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    while proc.poll() is None and time.time() < deadline and rows() < 3:
+        time.sleep(0.02)
+    if signalled == "torchrun":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        logged = rows()
+        while proc.poll() is None and time.time() < deadline and rows() == logged:  # a step just began
+            time.sleep(0.02)
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2, workers
+        for pid in workers:
+            os.kill(int(pid), signal.SIGTERM)
     output = proc.communicate(timeout=120)[0]
     assert "stopped at step" in output and "terminate called" not in output, output
     assert "all 2 ranks hold identical weights" in output  # both ranks stopped at the same step
     steps = [int(p.name.split("-")[1]) for p in _checkpoints(out)]
     assert len(steps) == 1 and 3 <= steps[0] < 1000, output  # that step, saved by rank 0 before anyone left
+    saved = _checkpoints(out)[0]  # written whole (atomic), so the folder alone says the save finished
+    assert (saved / "drafter" / "model.safetensors").is_file() and (saved / "trainer.json").is_file()
     assert not (out / "final").exists()
 
 
