@@ -78,9 +78,9 @@ train() {
     fi
 
     local run=${RUN:-/tmp/run} budget=$(( $(left) - ${AFTER_TRAIN_SECONDS:-150} )) more=()
+    [ -d $synth ] && more=(--data $synth)
     # imported chats: the target labels them (and the regenerated answers, where labels equal the data's);
     # 1024 tokens covers every regenerated chat (prompt <= 512 + answer <= 384) and bounds the features' memory
-    [ -d $synth ] && more=(--data $synth)
     [ -d /tmp/bd/c/imported ] && more+=(--data /tmp/bd/c/imported --labels target --max-len "${MAX_LEN:-1024}")
     stamp "train (time budget ${budget} s) ${more[*]}"
     timeout $(( $(left) - 10 )) "${BD[@]}" -v train --data $data ${more[@]+"${more[@]}"} --out $run \

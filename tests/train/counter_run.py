@@ -19,6 +19,14 @@ from blockdraft.train.trainer import TrainConfig, Trainer, new_drafter, distribu
 from tests.train.test_trainer import MOD, sequences
 
 
+def _delayed(method, seconds: float):
+    """`method`, taking `seconds` longer (it sleeps first)."""
+    def slow(self, *args):
+        time.sleep(seconds)
+        return method(self, *args)
+    return slow
+
+
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING)
     target_dir, out, steps = argv[0], argv[1], int(argv[2])
@@ -29,8 +37,7 @@ def main(argv: list[str]) -> None:
     for name, method in (("--slow-step=", "_train_step"), ("--slow-save=", "_save")):
         delay = next((float(a.split("=")[1]) for a in argv if a.startswith(name)), 0.0)
         if delay:
-            original = getattr(Trainer, method)
-            setattr(Trainer, method, lambda self, *a, _f=original, _d=delay: (time.sleep(_d), _f(self, *a))[1])
+            setattr(Trainer, method, _delayed(getattr(Trainer, method), delay))
     cfg = TrainConfig(out=out, epochs=epochs, lr=3e-3, max_anchors=16, log_every=1, save_every=save_every, max_steps=steps,
                       keep_checkpoints=3)
     with distributed_world():
