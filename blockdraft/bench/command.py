@@ -166,7 +166,8 @@ def _local(args: argparse.Namespace, prompts: dict[str, list], out: Path, drafte
     blocks = [r.block_size for r in records if r.block_size > 1]
     if blocks and not args.no_cost:
         context = curve_context(records)
-        curve = report_cost_curve(pipe.target, max(blocks), context)
+        # up to the largest verify that ran: a draft tree's 1 + nodes can pass the block
+        curve = report_cost_curve(pipe.target, max([*blocks, *(1 + v for r in records for v in r.verified)]), context)
         result["cost"] = cost_accounting(result["summaries"]["overall"], curve, context)
     result["plots"] = [p.name for p in plots(result, out)]
     return result

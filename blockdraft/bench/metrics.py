@@ -32,9 +32,10 @@ def pooled_per_position(per_prompt: Sequence[Sequence[int]], drafted: Sequence[S
     return per_position_acceptance(lengths, proposed, block_size)
 
 
-def target_tokens_per_committed(per_prompt: Sequence[Sequence[int]], drafted: Sequence[Sequence[int]]) -> float:
-    """Tokens the target processed in verification per token committed (1.0 for plain decoding)."""
-    processed = sum(d + 1 for ds in drafted for d in ds)
+def target_tokens_per_committed(per_prompt: Sequence[Sequence[int]], verified: Sequence[Sequence[int]]) -> float:
+    """Tokens the target processed in verification per token committed (1.0 for plain decoding): each cycle's
+    last committed token and the drafts it verified (`verified`; a tree's nodes, however deep it is)."""
+    processed = sum(d + 1 for ds in verified for d in ds)
     committed = sum(n for lens in per_prompt for n in lens)
     return processed / committed if committed else float("nan")
 

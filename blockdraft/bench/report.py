@@ -58,6 +58,7 @@ def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = 
         "tpot_ms": 1000 * decode_s / max(sum(r.new_tokens - 1 for r in records), 1),
     }
     lengths, drafted = _per_prompt(records, "acceptance_lengths"), _per_prompt(records, "drafted")
+    verified = _per_prompt(records, "verified")  # what the target verified: a tree's nodes, not its depth
     block = max(r.block_size for r in records)
     if block > 1:
         cycles = sum(len(x) for x in lengths)
@@ -66,12 +67,12 @@ def summarize(records: list[Record], reference: dict[tuple, list[int]] | None = 
             "mean_acceptance_length": mean_acceptance_length(lengths),
             "acceptance_histogram": pooled_histogram(lengths, block),
             "per_position_acceptance": pooled_per_position(lengths, drafted, block),
-            "target_tokens_per_committed": target_tokens_per_committed(lengths, drafted),
-            "mean_verify_tokens": sum(d + 1 for ds in drafted for d in ds) / cycles if cycles else 0.0,
+            "target_tokens_per_committed": target_tokens_per_committed(lengths, verified),
+            "mean_verify_tokens": sum(d + 1 for ds in verified for d in ds) / cycles if cycles else 0.0,
             "drafter_share_of_decode": sum(r.drafter_s for r in records) / decode_s if decode_s else 0.0,
             "drafter_s_per_cycle": sum(r.drafter_s for r in records) / cycles if cycles else 0.0,
             "drafter_s": sum(r.drafter_s for r in records),
-            "verify_counts": {str(q): n for q, n in sorted(Counter(d + 1 for ds in drafted for d in ds).items())},
+            "verify_counts": {str(q): n for q, n in sorted(Counter(d + 1 for ds in verified for d in ds).items())},
             # decode cycles that verified no draft: the prefill is one target forward, every cycle one more
             "plain_cycles": sum(max(0, r.target_forwards - 1 - len(r.drafted)) for r in records),
         })

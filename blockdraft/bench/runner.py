@@ -82,7 +82,8 @@ class Record:
     total_s: float                # prompt in -> last token out
     block_size: int = 1
     acceptance_lengths: list[int] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)   # per cycle: its deepest draft
+    verified: list[int] = field(default_factory=list)  # per cycle: drafts verified (a tree's nodes)
     sources: list[int] = field(default_factory=list)  # per cycle: 0 drafter, n > 0 looked up (blockdraft.decoding.lookup)
     drafter_s: float = 0.0
     target_forwards: int = 0
@@ -295,7 +296,7 @@ def run_one(pipe: Pipeline, dataset: str, prompt_id: str, turn: int, ids: list[i
     tokens, st, total = _engine_run(pipe, ids, method, s, stops, seed)
     return Record(dataset, prompt_id, turn, method, len(ids), len(tokens), st.prefill_time, total,
                   block_size=st.block_size, acceptance_lengths=list(st.acceptance_lengths), drafted=list(st.drafted),
-                  sources=list(st.sources),
+                  verified=list(st.verified), sources=list(st.sources),
                   drafter_s=st.drafter_time, target_forwards=st.target_forwards, token_ids=tokens)
 
 

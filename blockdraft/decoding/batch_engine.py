@@ -168,10 +168,12 @@ def cycle_kind(props: list[Proposal]) -> str | None:
 
 
 def cycle_shape(states: list[DecodeState], props: list[Proposal]) -> str | None:
-    """How the rows that asked for trees drafted this cycle (`AdaptiveVerify.chain_cycle`): TREE when any of them
-    proposed a draft tree (whatever prefix of it the policy kept), CHAIN when they ran the drafter for chains
-    only, None when none of them ran the drafter (rows without trees do not take part in the comparison)."""
-    drafted = [p for s, p in zip(states, props) if s.tree_budget and p.confidence is not None]
+    """How the rows that asked for trees under the adaptive policy drafted this cycle (`AdaptiveVerify.chain_cycle`):
+    TREE when any of them proposed a draft tree (whatever prefix of it the policy kept), CHAIN when they ran the
+    drafter for chains only, None when none of them ran the drafter. Rows without trees, and rows with fixed
+    verify (no policy: they draft trees whatever the verdict), do not take part in the comparison: a fixed row's
+    trees would make every cycle TREE, and the adaptive rows would then draft chains for good, unjudged."""
+    drafted = [p for s, p in zip(states, props) if s.tree_budget and s.policy is not None and p.confidence is not None]
     if not drafted:
         return None
     return TREE if any(p.tree is not None for p in drafted) else CHAIN

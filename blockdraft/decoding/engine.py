@@ -445,6 +445,7 @@ class SpeculativeEngine:
         if n > 0:  # a cycle that verified no draft (plain step, length limit) has no acceptance
             seq.stats.acceptance_lengths.append(len(committed))
             seq.stats.drafted.append(n if prop.tree is None else prop.tree.depth)  # a tree: its deepest draft
+            seq.stats.verified.append(n)  # a tree: all its nodes went through the target
             seq.stats.sources.append(prop.match or prop.source)
         if seq.ngram is not None:
             seq.ngram.extend(committed)

@@ -45,7 +45,8 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     acceptance_lengths: list[int] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)  # drafts verified per cycle (<= block_size - 1)
+    drafted: list[int] = field(default_factory=list)  # per cycle: its deepest draft (a chain: its length)
+    verified: list[int] = field(default_factory=list)  # per cycle: drafts the target verified (a tree: its nodes)
     sources: list[int] = field(default_factory=list)  # per cycle: 0 drafter, n > 0 looked up after an n-token match
     prefill_time: float = 0.0
     decode_time: float = 0.0

@@ -346,7 +346,7 @@ def work_figures(pipe: Pipeline, results: dict[float, tuple[list[str], list[Reco
     drafter_cycles = sum(1 for r in ours for src in r.sources if not src)
     committed = row.get("cycle_tokens", 0)
     # every decode cycle: 1 + its drafts through the target (a plain step: 1), per token it committed
-    processed = sum(d + 1 for r in ours for d in r.drafted) + row.get("plain_cycles", 0)
+    processed = sum(d + 1 for r in ours for d in r.verified) + row.get("plain_cycles", 0)
     per_committed = processed / committed if committed else 1.0
     flops = target_flops * per_committed + (slot_flops * (drafted_slots + drafter_cycles) / committed if committed else 0.0)
     return {"temperature": t0, "context_tokens": context, "verify_cost_s": {str(q): c for q, c in curve.items()},

@@ -111,7 +111,10 @@ class Scheduler:
     def __init__(self, pipe: Pipeline, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, max_queue: int = DEFAULT_MAX_QUEUE,
                  max_queue_wait: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 observer: SchedulerObserver | None = None) -> None:
+                 observer: SchedulerObserver | None = None, verify_tokens: int | None = None) -> None:
+        """`verify_tokens`: the most tokens one verify forward of the requests holds (`SpeculativeEngine.verify_tokens`
+        of their options), when it can pass the engine's `verify_range` (a fixed-verify tree of over 32 nodes): the
+        rows' cache is sized for it at once, rather than doubled the first time a request reaches its end."""
         for name, value in (("max_batch", max_batch), ("max_model_len", max_model_len), ("max_queue", max_queue),
                             ("prefill_chunk", prefill_chunk)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,6 +129,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.observer = observer or SchedulerObserver()
         verify = self.engine.verify_range if pipe.drafter is not None else 1  # a block of drafts or a tree
+        verify = max(verify, verify_tokens or 1)
         if max_batch > 1 and not isinstance(pipe.target, FastTarget):
             log.info("%s has no fast path (Llama / Qwen2 / Qwen3): its %d rows take turns in each cycle's verify",
                      type(pipe.target.model).__name__, max_batch)

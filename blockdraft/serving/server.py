@@ -82,14 +82,15 @@ class BlockdraftServer:
                  drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  options: dict[str, Any] | None = None) -> None:
         self.options = dict(options or {})
-        pipe.prepare(prompt="check", max_new_tokens=1, **self.options)  # validates without decoding
+        check = pipe.prepare(prompt="check", max_new_tokens=1, **self.options)  # validates without decoding
         if api_key is not None and not api_key:
             raise InvalidArgumentError("api_key='': expected a non-empty key (or none)")
         self.pipe, self.model_id, self.api_key = pipe, model_id, api_key
         self.max_body_bytes, self.drain_timeout = max_body_bytes, drain_timeout
         limit = min(DEFAULT_MAX_MODEL_LEN, pipe.target.max_positions) if max_model_len is None else max_model_len
         self.scheduler = Scheduler(pipe, max_batch=max_batch, max_model_len=limit, max_queue=max_queue,
-                                   max_queue_wait=max_queue_wait, prefill_chunk=prefill_chunk)
+                                   max_queue_wait=max_queue_wait, prefill_chunk=prefill_chunk,
+                                   verify_tokens=pipe.engine.verify_tokens(check.options))
         self.metrics = ServerMetrics(lambda: len(self.scheduler.waiting), lambda: len(self.scheduler.running))
         self.scheduler.observer = self.metrics
         if pipe.drafter is not None and not self.options.get("no_draft") \

@@ -127,7 +127,7 @@ def _rec(prompt: str, turn: int, lengths: list[int], tokens: list[int], method: 
          plain: int = 0) -> Record:
     """A generation: prefill, then cycles committing `lengths` (3 drafts each) and `plain` plain steps."""
     return Record("d", prompt, turn, method, 10, sum(lengths) + plain + 1, 0.1, 1.0, block_size=4,
-                  acceptance_lengths=lengths, drafted=[3] * len(lengths), drafter_s=0.05,
+                  acceptance_lengths=lengths, drafted=[3] * len(lengths), verified=[3] * len(lengths), drafter_s=0.05,
                   target_forwards=1 + len(lengths) + plain, token_ids=tokens)
 
 
@@ -149,6 +149,20 @@ def test_cost_accounting_counts_the_plain_steps_of_an_adaptive_run():
     cost = cost_accounting({"dflash-b4-adaptive": row}, curve, 300)["methods"]["dflash-b4-adaptive"]
     # 11 tokens at c(1) each, against 3 verifies of 4 tokens, 4 plain steps and 0.1 s of drafting
     assert cost["predicted_speedup"] == pytest.approx(11 * 0.05 / (3 * 0.08 + 4 * 0.05 + 0.1))
+
+
+def test_tree_cycles_are_priced_by_their_nodes_not_their_depth():
+    """A tree of 8 nodes 3 deep sends 1 + 8 tokens through the target: the work and the cost prediction count
+    9, the per-position acceptance counts depth 3."""
+    rec = _rec("p", 1, [3, 1], [1], method="dflash-b4-tree8")
+    rec.drafted, rec.verified = [3, 3], [8, 8]
+    row = summarize([rec]) | {"speedup": {}}
+    assert row["verify_counts"] == {"9": 2} and row["mean_verify_tokens"] == 9
+    assert row["target_tokens_per_committed"] == pytest.approx(18 / 4)
+    assert row["per_position_acceptance"] == pytest.approx([1 / 2, 1 / 2, 0.0])
+    curve = {q: 0.05 + 0.01 * (q - 1) for q in range(1, 10)}
+    cost = cost_accounting({"dflash-b4-tree8": row}, curve, 300)["methods"]["dflash-b4-tree8"]
+    assert cost["predicted_speedup"] == pytest.approx(4 * 0.05 / (2 * curve[9] + 0.05))  # 0.05 s drafting
 
 
 def test_markdown_and_plots_from_a_result(tmp_path):

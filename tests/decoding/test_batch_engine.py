@@ -129,7 +129,11 @@ def test_a_cycle_is_judged_by_the_kind_of_drafts_it_verified():
     assert cycle_kind([plain, probed_unverified]) == DRAFTER  # its cost is in the cycle
     tree = DraftTree(two, [0, 0], [1, 1], [0.6, 0.3])  # two children of the root
     treed = Proposal(two, None, torch.tensor([0.9, 0.4]), 0.01, tree=tree)
-    trees, chains = SimpleNamespace(tree_budget=32), SimpleNamespace(tree_budget=0)  # what each row asked for
+    policy = object()  # an adaptive row's (fixed verify: None)
+    trees, chains = SimpleNamespace(tree_budget=32, policy=policy), SimpleNamespace(tree_budget=0, policy=policy)
+    fixed = SimpleNamespace(tree_budget=32, policy=None)  # a tree verified whole: drafts trees whatever the verdict
+    assert cycle_shape([trees, fixed], [drafted, treed]) == CHAIN  # the adaptive row drafted a chain
+    assert cycle_shape([fixed], [treed]) is None
     assert cycle_shape([trees, chains], [treed, drafted]) == TREE
     assert cycle_shape([trees, chains], [drafted, plain]) == CHAIN  # the tree row drafted a chain this cycle
     assert cycle_shape([trees, chains], [plain, drafted]) is None  # only a row without trees ran the drafter

@@ -112,6 +112,8 @@ def test_greedy_trees_equal_hf_generate(arch, kind, monkeypatch):
                     assert out == ref, f"prompt {i}, error rate {error_rate}, tree={tree!r}, {verify}"
                     assert stats.new_tokens == 24
                     assert sum(len(t) > 0 for t, _ in walks) == len(stats.acceptance_lengths)
+                    trees = [t for t, _ in walks if len(t)]  # every cycle: the nodes verified, the depth drafted
+                    assert stats.verified == [len(t) for t in trees] and stats.drafted == [t.depth for t in trees]
                     lengths[tree] += stats.acceptance_lengths
                     sizes[tree] |= {len(t) for t, _ in walks}
                     siblings[tree] += sum(went_to_a_sibling(t, p) and moved(p) for t, p in walks)

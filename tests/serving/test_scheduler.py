@@ -241,6 +241,28 @@ def test_a_request_must_fit_in_a_row(pipe):
         Scheduler(pipe, max_model_len=256, max_queue_wait=-1)
 
 
+def test_a_fixed_verify_tree_past_the_verify_range_gets_its_cache_room_at_once(pipe):
+    """A 48-node tree verified whole holds 49 tokens, past the engine's 33: the rows' cache is sized for it when
+    the scheduler starts (it was doubled, every row's, when a request first reached its end), and a request
+    that decodes up to --max-model-len leaves it as it was; the server sizes it from its own options."""
+    from blockdraft.serving.server import BlockdraftServer
+
+    tree = {"tree": 48, "verify": "fixed"}
+    job, events = make_job(pipe, "a", prompt=HELD, max_new_tokens=64 - 11, temperature=0.0, **tree)
+    assert len(job.request.prompt_ids) == 11  # the whole row: prompt + answer
+    need = pipe.engine.verify_tokens(job.request.options)
+    assert need == 49 > pipe.engine.verify_range
+    sched = Scheduler(pipe, max_batch=2, max_model_len=64, verify_tokens=need)
+    capacity = sched.batch.cache.capacity
+    assert capacity == 64 + need + 1
+    sched.submit(job)
+    step_until(sched, lambda: not sched.busy)
+    assert done(events).output.token_ids == pipe.generate(prompt=HELD, max_new_tokens=53, **tree).token_ids
+    assert sched.batch.cache.capacity == capacity
+    with BlockdraftServer(pipe, ("127.0.0.1", 0), model_id="tiny", max_model_len=64, options=tree) as srv:
+        assert srv.scheduler.batch.cache.capacity == capacity
+
+
 def test_long_prompts_prefill_a_chunk_per_step_while_others_decode(pipe):
     recorder = Recorder()
     sched = Scheduler(pipe, max_batch=2, max_model_len=256, prefill_chunk=8, observer=recorder)
