@@ -134,7 +134,9 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="K",
                    help="give the drafter its own vocabulary: the K tokens the target writes most often in --data "
                         "(blockdraft.modeling.draft_vocab); 0 removes one")
-    p.add_argument("--data", default=None, help="regenerated data folder for --draft-vocab (its train split)")
+    p.add_argument("--data", action="append", default=None,
+                   help="regenerated data folder for --draft-vocab (its train split); repeatable: the tokens of all "
+                        "of them are counted together, e.g. every folder the drafter was trained on")
     p.add_argument("--target", default=None,
                    help="the target the drafter was trained on: its tokenizer gives the mask token's string and "
                         "reads --data, and the folder records it (default: the one the drafter records, else "
@@ -189,7 +191,8 @@ def _draft_vocab(args: argparse.Namespace, target: str):
 
     if not args.data:
         raise InvalidArgumentError("--draft-vocab needs --data: the regenerated answers whose tokens it counts")
-    sequences = load_sequences(args.data, "train", load_tokenizer(target), max_len=1 << 20)
+    tokenizer = load_tokenizer(target)
+    sequences = [s for folder in args.data for s in load_sequences(folder, "train", tokenizer, max_len=1 << 20)]
     ids, coverage = frequent_tokens((s.input_ids[s.loss_mask] for s in sequences), args.draft_vocab)
     log.warning("draft vocabulary: %d tokens covering %.2f%% of the %d answers' tokens", ids.numel(), 100 * coverage,
                 len(sequences))

@@ -11,6 +11,9 @@
 #   kill -CONT $(pgrep -f "train --out .*campaign/v2")      # and go on
 #   kill -TERM $(pgrep -f "train --out .*campaign/v2")      # stop: it saves the step it is on and stashes it
 #
+# It needs a CPU with native bf16 (AVX512-BF16 or AMX; `lscpu | grep -o 'avx512_bf16\|amx_bf16'`): the stages
+# train in bf16 autocast, which an AVX2-only CPU emulates at ~90 s a step, and a stage cannot resume in fp32.
+#
 # STAGE picks the schedule; a new stage starts from the previous stage's stash with a schedule of its own (the
 # data or the settings changed, so `--resume` would refuse the old checkpoint).
 set -euo pipefail

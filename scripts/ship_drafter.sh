@@ -7,9 +7,9 @@
 #
 # The tables name the shipped drafter $SHIPPED (default v2) and the candidate $CANDIDATE (default v3).
 #
-# 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the regenerated
-#    answers, into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships (git ignores it under
-#    docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
+# 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the answers it was
+#    trained on (stage 2's two folders), into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships
+#    (git ignores it under docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
 # 2. acceptance: the engine's greedy acceptance at block 16 with fixed verify and no lookups, of both drafters over
 #    the same plain continuations (`bench --replay`: cycle for cycle the engine's), 80 MT-Bench + 80 held-out
 #    ShareGPT first turns x 256 tokens (OUT/replay);
@@ -28,6 +28,7 @@ SHIPPED=${SHIPPED:-v2} CANDIDATE=${CANDIDATE:-v3}
 BD=${BD:-.venv/bin/blockdraft}
 V1=blockdraft/weights/smollm2-135m-instruct-dflash  # the shipped drafter
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
+TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2  # stage 2's second folder
 if [[ -n "${DRY:-}" ]]; then N=2 SPEED=1 TOKENS=16; else N=80 SPEED=8 TOKENS=256; fi
 HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 --max-new-tokens $TOKENS"
 SINGLE="--dataset mt-bench --dataset humaneval --max-samples $SPEED --turns 1 --max-new-tokens $TOKENS"
@@ -41,7 +42,8 @@ weights=$(find "$CAND" -name 'model.safetensors*' | sort | xargs -r sha256sum | 
     exit 2; }
 have() { [ -e "$OUT/$1" ] && echo "ship_drafter.sh: $OUT/$1 is there already: step skipped" >&2; }
 have drafter/model.safetensors ||
-    $BD export --drafter "$CAND" --out "$OUT/drafter" --dtype bfloat16 --draft-vocab 16384 --data "$REGEN"
+    $BD export --drafter "$CAND" --out "$OUT/drafter" --dtype bfloat16 --draft-vocab 16384 \
+        --data "$REGEN" --data "$TURN2"
 have replay/bench.json || $BD bench $HELD --replay --block-sizes 16 --batch 16 "${BOTH[@]}" --out "$OUT/replay"
 have identical/bench.json || $BD bench $HELD --drafter "$OUT/drafter" --methods dflash,no_draft --verify fixed \
     --block-sizes 16 --batch 16 --batch-only --out "$OUT/identical"

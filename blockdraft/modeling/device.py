@@ -15,6 +15,15 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without either, oneDNN emulates bf16
+    matmuls: a step of the drafter campaign took ~90 s in bf16 autocast against ~4 s in fp32 on a 2-core AVX2 EPYC."""
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if not all(callable(p) for p in probes):  # a torch without the probes: assume a modern CPU
+        return True
+    return any(p() for p in probes)
+
+
 def parse_dtype(name: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
     if name is None or name == "auto":
         return default_dtype(device)

@@ -36,6 +36,7 @@ from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_dir, atomic_path
 from blockdraft.modeling.checkpoint import load_drafter, save_drafter
 from blockdraft.modeling.config import DrafterConfig
+from blockdraft.modeling.device import cpu_has_native_bf16
 from blockdraft.modeling.drafter import Drafter, MaskFn
 from blockdraft.modeling.target import TargetModel
 from blockdraft.train.blocks import build_blocks, dense_mask_fn, flex_mask_fn, grouped_mask_fn, sample_anchors
@@ -288,6 +289,9 @@ class Trainer:
         if cfg.autocast not in ("auto", "bf16", "off"):
             raise InvalidArgumentError(f"autocast={cfg.autocast!r}: expected 'auto', 'bf16' or 'off'")
         self.bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and target.device.type == "cuda")
+        if self.bf16 and target.device.type == "cpu" and not cpu_has_native_bf16():
+            log.warning("autocast bf16 on a CPU without AVX512-BF16 or AMX: its bf16 matmuls are emulated and a step "
+                        "runs many times slower than in fp32 (autocast 'off')")
         if cfg.labels not in ("data", "target"):
             raise InvalidArgumentError(f"labels={cfg.labels!r}: expected 'data' or 'target'")
         greedy = getattr(features, "greedy", False)

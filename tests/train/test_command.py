@@ -58,6 +58,15 @@ def test_train_command_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert pipe.generate("count", max_new_tokens=8).token_ids == \
         pipe.generate("count", max_new_tokens=8, no_draft=True).token_ids
     assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5"]) == 2  # no --data
+    other = tmp_path / "other"  # a second folder whose answers are mostly one token: counted with the first
+    ShardWriter(other, "train").add([{"id": "z", "messages": [{"role": "user", "content": "z"},
+                                                              {"role": "assistant", "content": "z" * 200}]}])
+    assert main(["export", "--drafter", final, "--out", str(own), "--draft-vocab", "5", "--data", str(data),
+                 "--data", str(other), "--target", str(tiny_target_dir)]) == 0
+    from blockdraft.modeling.registry import load_tokenizer
+    tokenizer = load_tokenizer(str(tiny_target_dir))
+    z, space = (tokenizer.encode(text, add_special_tokens=False) for text in ("z", " "))
+    assert set(z + space) <= set(load_drafter(own).draft_vocab.tolist())  # z from the second, " " from the first
 
 
 def test_a_lazy_feature_cache_trains_the_same_weights_as_a_built_one_and_keeps_every_sequence(

@@ -115,6 +115,17 @@ def test_bf16_autocast_trains_on_a_cpu_close_to_fp32(counter, tmp_path):
         Trainer(TrainConfig(out=str(tmp_path), autocast="fp16"), counter, drafter, sequences(4), OnlineFeatures(counter))
 
 
+def test_bf16_autocast_on_a_cpu_without_bf16_hardware_warns(counter, tmp_path, monkeypatch, caplog):
+    import blockdraft.train.trainer as trainer_module
+
+    drafter = new_drafter(counter, num_layers=1, block_size=6, mask_token_id=MOD, target_layer_ids=[1], seed=0)
+    for native in (True, False):
+        monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native)
+        caplog.clear()
+        Trainer(TrainConfig(out=str(tmp_path), autocast="bf16"), counter, drafter, sequences(4), OnlineFeatures(counter))
+        assert ("without AVX512-BF16 or AMX" in caplog.text) == (not native)
+
+
 def test_max_steps_zero_only_saves_and_evaluates_the_initial_drafter(counter, tmp_path):
     from blockdraft.errors import InvalidArgumentError
 
