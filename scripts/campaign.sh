@@ -11,8 +11,9 @@
 #   kill -CONT $(pgrep -f "train --out .*campaign/v2")      # and go on
 #   kill -TERM $(pgrep -f "train --out .*campaign/v2")      # stop: it saves the step it is on and stashes it
 #
-# It needs a CPU with native bf16 (AVX512-BF16 or AMX; `lscpu | grep -o 'avx512_bf16\|amx_bf16'`): the stages
+# Stages 1 and 2 need a CPU with native bf16 (AVX512-BF16 or AMX; `lscpu | grep -o 'avx512_bf16\|amx_bf16'`): they
 # train in bf16 autocast, which an AVX2-only CPU emulates at ~90 s a step, and a stage cannot resume in fp32.
+# Stage 3 trains in fp32 and runs anywhere.
 #
 # STAGE picks the schedule; a new stage starts from the previous stage's stash with a schedule of its own (the
 # data or the settings changed, so `--resume` would refuse the old checkpoint).
@@ -24,15 +25,21 @@ FEATURES=${FEATURES:-$HOME_DIR/scaling/features}  # the scaling runs' fp16 cache
 STASH=${STASH:-data/checkpoints/v2-campaign}
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2
+SYNTH=data/regenerated/smollm2-135m-instruct-synthetic
 V1=blockdraft/weights/smollm2-135m-instruct-dflash
 # A stage's data must not change while it runs (--resume refuses a changed sequence list): new answers go to a
 # folder of their own, for the next stage. Stage 2 starts from the repository's stage-1 stash whatever STASH says
 # (a dry run with another STASH still continues the real lineage). Its sequence ids carry their folder's index
 # (0/..., 1/...), so stage 1's cache in $FEATURES does not serve it: its own cache fills during its first epoch.
+# Stage 3 fine-tunes stage 2's drafter (its stash, step 9,242) on the synthetic prompts' answers (MT-Bench's kinds,
+# which the ShareGPT first turns under-serve) in fp32, so that it runs on an AVX2-only CPU too (~4 s a step).
+AUTOCAST=bf16
 case "$STAGE" in
   1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 FEATS=(--features cache --feature-cache "$FEATURES") ;;
   2) INIT=data/checkpoints/v2-campaign/stage1 DATA=(--data "$REGEN" --data "$TURN2") EPOCHS=2 LR=2e-4 FEATS=(--features lazy) ;;
-  *) echo "campaign.sh: STAGE=$STAGE: expected 1 or 2" >&2; exit 2 ;;
+  3) INIT=data/checkpoints/v2-campaign/stage2 DATA=(--data "$SYNTH") EPOCHS=${EPOCHS:-1} LR=1e-4 FEATS=(--features lazy)
+     AUTOCAST=off ;;
+  *) echo "campaign.sh: STAGE=$STAGE: expected 1, 2 or 3" >&2; exit 2 ;;
 esac
 # a finished stage has nothing to do: say so before a fresh machine spends ~70 min rebuilding the feature cache
 last=$(ls -d "$STASH/stage$STAGE"/step-[0-9]* 2>/dev/null | tail -1 || true)  # none yet: a new stage
@@ -44,6 +51,6 @@ fi
 exec "${PY:-.venv/bin/python}" -m blockdraft.cli train --out "$HOME_DIR/campaign/v2-stage$STAGE" \
     --stash "$STASH/stage$STAGE" --resume --init "$INIT" "${DATA[@]}" \
     --layers 2 --block-size 16 --target-layer-ids 1,8,14,20,27 --loss acceptance --vocab data \
-    --max-anchors 64 --batch-size 2 --epochs "$EPOCHS" --lr "$LR" --max-len 1024 --autocast bf16 \
+    --max-anchors 64 --batch-size 2 --epochs "$EPOCHS" --lr "$LR" --max-len 1024 --autocast "$AUTOCAST" \
     "${FEATS[@]}" --save-every 250 \
     --eval-every 1000 --eval-prompts 24 --eval-max-new-tokens 128 --seed 0 "$@"

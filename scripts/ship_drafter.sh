@@ -7,8 +7,9 @@
 #
 # The tables name the shipped drafter $SHIPPED (default v2) and the candidate $CANDIDATE (default v3).
 #
-# 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the answers it was
-#    trained on (stage 2's two folders), into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships
+# 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the answers its
+#    lineage trained on ($VOCAB_DATA, space-separated folders; default stage 2's two, stage 3 adds the synthetic
+#    answers' folder), into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships
 #    (git ignores it under docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
 # 2. acceptance: the engine's greedy acceptance at block 16 with fixed verify and no lookups, of both drafters over
 #    the same plain continuations (`bench --replay`: cycle for cycle the engine's), 80 MT-Bench + 80 held-out
@@ -29,6 +30,8 @@ BD=${BD:-.venv/bin/blockdraft}
 V1=blockdraft/weights/smollm2-135m-instruct-dflash  # the shipped drafter
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2  # stage 2's second folder
+read -r -a folders <<< "${VOCAB_DATA:-$REGEN $TURN2}"
+VOCAB=(); for d in "${folders[@]}"; do VOCAB+=(--data "$d"); done
 if [[ -n "${DRY:-}" ]]; then N=2 SPEED=1 TOKENS=16; else N=80 SPEED=8 TOKENS=256; fi
 HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 --max-new-tokens $TOKENS"
 SINGLE="--dataset mt-bench --dataset humaneval --max-samples $SPEED --turns 1 --max-new-tokens $TOKENS"
@@ -43,7 +46,7 @@ weights=$(find "$CAND" -name 'model.safetensors*' | sort | xargs -r sha256sum | 
 have() { [ -e "$OUT/$1" ] && echo "ship_drafter.sh: $OUT/$1 is there already: step skipped" >&2; }
 have drafter/model.safetensors ||
     $BD export --drafter "$CAND" --out "$OUT/drafter" --dtype bfloat16 --draft-vocab 16384 \
-        --data "$REGEN" --data "$TURN2"
+        "${VOCAB[@]}"
 have replay/bench.json || $BD bench $HELD --replay --block-sizes 16 --batch 16 "${BOTH[@]}" --out "$OUT/replay"
 have identical/bench.json || $BD bench $HELD --drafter "$OUT/drafter" --methods dflash,no_draft --verify fixed \
     --block-sizes 16 --batch 16 --batch-only --out "$OUT/identical"
