@@ -31,7 +31,7 @@ def test_a_new_stage_reaches_the_trainer_with_its_own_settings(tmp_path):
     assert ("--autocast", "bf16") in pairs
 
 
-def test_stage_3_fine_tunes_stage_2_on_the_synthetic_answers_in_fp32(tmp_path):
+def test_stages_3_and_4_train_stage_2_on_the_synthetic_answers_in_fp32(tmp_path):
     echo = tmp_path / "echo-args"
     echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     echo.chmod(0o755)
@@ -41,6 +41,11 @@ def test_stage_3_fine_tunes_stage_2_on_the_synthetic_answers_in_fp32(tmp_path):
             ("--data", "data/regenerated/smollm2-135m-instruct-synthetic"),
             ("--stash", str(tmp_path / "stash" / "stage3"))} <= pairs
     assert args.count("--data") == 1
+    joint = campaign(tmp_path, "4", py=str(echo)).stdout.splitlines()  # stage 4: all three folders, also fp32
+    assert [joint[i + 1] for i, a in enumerate(joint) if a == "--data"] == [
+        "data/regenerated/smollm2-135m-instruct-sharegpt", "data/regenerated/smollm2-135m-instruct-sharegpt-turn2",
+        "data/regenerated/smollm2-135m-instruct-synthetic"]
+    assert {("--init", "data/checkpoints/v2-campaign/stage2"), ("--autocast", "off")} <= set(zip(joint, joint[1:]))
 
 
 def test_a_finished_stage_does_nothing_and_an_unknown_stage_is_an_error(tmp_path):
@@ -51,5 +56,5 @@ def test_a_finished_stage_does_nothing_and_an_unknown_stage_is_an_error(tmp_path
     assert done.returncode == 0 and "stage 2 finished at step-0000008" in done.stderr
     (step / "trainer.json").write_text(json.dumps({"step": 5, "total_steps": 8}))
     assert "stage 2 finished" not in campaign(tmp_path, "2", "--help").stderr  # unfinished: it goes on
-    bad = campaign(tmp_path, "4")
-    assert bad.returncode == 2 and "STAGE=4: expected 1, 2 or 3" in bad.stderr
+    bad = campaign(tmp_path, "5")
+    assert bad.returncode == 2 and "STAGE=5: expected 1, 2, 3 or 4" in bad.stderr
