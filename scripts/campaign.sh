@@ -13,7 +13,7 @@
 #
 # Stages 1 and 2 need a CPU with native bf16 (AVX512-BF16 or AMX; `lscpu | grep -o 'avx512_bf16\|amx_bf16'`): they
 # train in bf16 autocast, which an AVX2-only CPU emulates at ~90 s a step, and a stage cannot resume in fp32.
-# Stage 3 trains in fp32 and runs anywhere.
+# Stages 3 and 4 train in fp32 and run anywhere.
 #
 # STAGE picks the schedule; a new stage starts from the previous stage's stash with a schedule of its own (the
 # data or the settings changed, so `--resume` would refuse the old checkpoint).
@@ -40,7 +40,7 @@ AUTOCAST=bf16
 case "$STAGE" in
   1) INIT=$V1 DATA=(--data "$REGEN") EPOCHS=4 LR=2e-4 FEATS=(--features cache --feature-cache "$FEATURES") ;;
   2) INIT=data/checkpoints/v2-campaign/stage1 DATA=(--data "$REGEN" --data "$TURN2") EPOCHS=2 LR=2e-4 FEATS=(--features lazy) ;;
-  3) INIT=data/checkpoints/v2-campaign/stage2 DATA=(--data "$SYNTH") EPOCHS=${EPOCHS:-1} LR=1e-4 FEATS=(--features lazy)
+  3) INIT=data/checkpoints/v2-campaign/stage2 DATA=(--data "$SYNTH") EPOCHS=1 LR=1e-4 FEATS=(--features lazy)
      AUTOCAST=off ;;
   4) INIT=data/checkpoints/v2-campaign/stage2 DATA=(--data "$REGEN" --data "$TURN2" --data "$SYNTH") EPOCHS=1 LR=1e-4
      FEATS=(--features lazy) AUTOCAST=off ;;

@@ -14,14 +14,19 @@ def campaign(tmp_path: Path, stage: str, *args: str, py: str = sys.executable) -
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+def trainer_args(tmp_path: Path, stage: str) -> list[str]:
+    """The arguments the stage would give the trainer (a stand-in python that prints them, one a line)."""
+    echo = tmp_path / "echo-args"
+    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    echo.chmod(0o755)
+    return campaign(tmp_path, stage, py=str(echo)).stdout.splitlines()
+
+
 def test_a_new_stage_reaches_the_trainer_with_its_own_settings(tmp_path):
     done = campaign(tmp_path, "2", "--help")  # no checkpoint stashed yet: the real trainer starts (here, its help)
     assert done.returncode == 0, done.stderr
     assert "--features" in done.stdout and "lazy" in done.stdout
-    echo = tmp_path / "echo-args"
-    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    echo.chmod(0o755)
-    args = campaign(tmp_path, "2", py=str(echo)).stdout.splitlines()  # what the trainer would be given
+    args = trainer_args(tmp_path, "2")
     pairs = set(zip(args, args[1:]))
     assert {("--init", "data/checkpoints/v2-campaign/stage1"), ("--epochs", "2"), ("--features", "lazy"),
             ("--data", "data/regenerated/smollm2-135m-instruct-sharegpt"),
@@ -32,16 +37,13 @@ def test_a_new_stage_reaches_the_trainer_with_its_own_settings(tmp_path):
 
 
 def test_stages_3_and_4_train_stage_2_on_the_synthetic_answers_in_fp32(tmp_path):
-    echo = tmp_path / "echo-args"
-    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    echo.chmod(0o755)
-    args = campaign(tmp_path, "3", py=str(echo)).stdout.splitlines()
+    args = trainer_args(tmp_path, "3")
     pairs = set(zip(args, args[1:]))
     assert {("--init", "data/checkpoints/v2-campaign/stage2"), ("--epochs", "1"), ("--autocast", "off"),
             ("--data", "data/regenerated/smollm2-135m-instruct-synthetic"),
             ("--stash", str(tmp_path / "stash" / "stage3"))} <= pairs
     assert args.count("--data") == 1
-    joint = campaign(tmp_path, "4", py=str(echo)).stdout.splitlines()  # stage 4: all three folders, also fp32
+    joint = trainer_args(tmp_path, "4")  # stage 4: all three folders, also fp32
     assert [joint[i + 1] for i, a in enumerate(joint) if a == "--data"] == [
         "data/regenerated/smollm2-135m-instruct-sharegpt", "data/regenerated/smollm2-135m-instruct-sharegpt-turn2",
         "data/regenerated/smollm2-135m-instruct-synthetic"]
