@@ -5,11 +5,11 @@
 #                                                  # or a stash: data/checkpoints/v2-campaign/stage1 (its latest step)
 #   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
 #
-# The tables name the shipped drafter $SHIPPED (default v2) and the candidate $CANDIDATE (default v3).
+# The tables name the shipped drafter $SHIPPED (default v3) and the candidate $CANDIDATE (default v4).
 #
 # 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the answers its
-#    lineage trained on ($VOCAB_DATA, space-separated folders; default stage 2's two, stage 3 adds the synthetic
-#    answers' folder), into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships
+#    lineage trained on ($VOCAB_DATA, space-separated folders; default the three stage 4 trains on: regenerated
+#    first turns, second turns, synthetic answers), into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships
 #    (git ignores it under docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
 # 2. acceptance: the engine's greedy acceptance at block 16 with fixed verify and no lookups, of both drafters over
 #    the same plain continuations (`bench --replay`: cycle for cycle the engine's), 80 MT-Bench + 80 held-out
@@ -24,13 +24,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CAND=${1:?usage: scripts/ship_drafter.sh CHECKPOINT [OUT]}
-OUT=${2:-docs/figures/drafter-v3}
-SHIPPED=${SHIPPED:-v2} CANDIDATE=${CANDIDATE:-v3}
+OUT=${2:-docs/figures/drafter-v4}
+SHIPPED=${SHIPPED:-v3} CANDIDATE=${CANDIDATE:-v4}
 BD=${BD:-.venv/bin/blockdraft}
 V1=blockdraft/weights/smollm2-135m-instruct-dflash  # the shipped drafter
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2  # stage 2's second folder
-read -r -a folders <<< "${VOCAB_DATA:-$REGEN $TURN2}"
+SYNTH=data/regenerated/smollm2-135m-instruct-synthetic  # stage 3's, and stage 4's third
+read -r -a folders <<< "${VOCAB_DATA:-$REGEN $TURN2 $SYNTH}"
 VOCAB=(); for d in "${folders[@]}"; do VOCAB+=(--data "$d"); done
 if [[ -n "${DRY:-}" ]]; then N=2 SPEED=1 TOKENS=16; else N=80 SPEED=8 TOKENS=256; fi
 HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 --max-new-tokens $TOKENS"
