@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measure a drafter checkpoint against the shipped one, the way issue 36 decides whether it ships as v2:
+# Measure a drafter checkpoint against the shipped one, the way issue 36 decides whether it ships:
 #
 #   scripts/ship_drafter.sh CHECKPOINT [OUT]       # a drafter folder, e.g. ~/.cache/blockdraft/campaign/v2-stage1/final,
 #                                                  # or a stash: data/checkpoints/v2-campaign/stage1 (its latest step)
@@ -9,7 +9,8 @@
 #
 # 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the answers its
 #    lineage trained on ($VOCAB_DATA, space-separated folders; default the three stage 4 trains on: regenerated
-#    first turns, second turns, synthetic answers), into OUT/drafter: the folder to copy into blockdraft/weights/ if it ships
+#    first turns, second turns, synthetic answers), into OUT/drafter: the folder to copy into blockdraft/weights/
+#    if it ships
 #    (git ignores it under docs/figures; a fresh clone exports it again from the same CHECKPOINT in a minute);
 # 2. acceptance: the engine's greedy acceptance at block 16 with fixed verify and no lookups, of both drafters over
 #    the same plain continuations (`bench --replay`: cycle for cycle the engine's), 80 MT-Bench + 80 held-out
