@@ -77,6 +77,15 @@ def train_command(name: str, home: Path, autocast: str = "off") -> list[str]:
     return cmd
 
 
+def schedule(run: Path, autocast: str) -> str:
+    """The passes and epochs a run trained, from its last metrics row: the trainer drops sequences with fewer
+    than 2 supervised tokens inside --max-len (long imported first turns), so a run over many imports
+    trains a little under COMPUTE."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "epoch" in r][-1]
+    return f"{last['step'] * BATCH} passes, {last['epoch']:.2f} epochs" + ("" if autocast == "off" else ", bf16")
+
+
 def evaluate(drafter: Path | None, results: Path) -> dict[str, float]:
     """Replayed greedy acceptance length per prompt set (block 16, fixed verify, no lookups)."""
     import torch
@@ -180,9 +189,7 @@ def main() -> int:
         subprocess.run(cmd, check=True)
         run = home / "runs" / name
         shutil.copy(run / "metrics.jsonl", results / f"{name}-metrics.jsonl")
-        epochs = cmd[cmd.index("--epochs") + 1]
-        schedule = f"{COMPUTE} passes, {float(epochs):.2f} epochs" + ("" if args.autocast == "off" else ", bf16")
-        record(results, {"run": name, "varies": RUNS[name][0], "schedule": schedule,
+        record(results, {"run": name, "varies": RUNS[name][0], "schedule": schedule(run, args.autocast),
                          "tau": evaluate(run / "final", results)})
     return 0
 
