@@ -5,7 +5,8 @@
 #                                                  # or a stash: data/checkpoints/v2-campaign/stage1 (its latest step)
 #   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
 #
-# The tables name the shipped drafter $SHIPPED (default v3) and the candidate $CANDIDATE (default v4).
+# The tables name the shipped drafter $SHIPPED (default v3) and the candidate $CANDIDATE (default v4);
+# SHIPPED_DIR compares against another drafter folder than the shipped one (e.g. an older one taken out of git).
 #
 # 1. export: CHECKPOINT in the published layout (bf16) with a 16K draft vocabulary built from all the answers its
 #    lineage trained on ($VOCAB_DATA, space-separated folders; default the three stage 4 trains on: regenerated
@@ -28,7 +29,7 @@ CAND=${1:?usage: scripts/ship_drafter.sh CHECKPOINT [OUT]}
 OUT=${2:-docs/figures/drafter-v4}
 SHIPPED=${SHIPPED:-v3} CANDIDATE=${CANDIDATE:-v4}
 BD=${BD:-.venv/bin/blockdraft}
-V1=blockdraft/weights/smollm2-135m-instruct-dflash  # the shipped drafter
+SHIPPED_DIR=${SHIPPED_DIR:-blockdraft/weights/smollm2-135m-instruct-dflash}  # the shipped drafter (or an older one)
 REGEN=data/regenerated/smollm2-135m-instruct-sharegpt
 TURN2=data/regenerated/smollm2-135m-instruct-sharegpt-turn2  # stage 2's second folder
 SYNTH=data/regenerated/smollm2-135m-instruct-synthetic  # stage 3's, and stage 4's third
@@ -37,7 +38,7 @@ VOCAB=(); for d in "${folders[@]}"; do VOCAB+=(--data "$d"); done
 if [[ -n "${DRY:-}" ]]; then N=2 SPEED=1 TOKENS=16; else N=80 SPEED=8 TOKENS=256; fi
 HELD="--dataset mt-bench --dataset sharegpt-heldout --max-samples $N --turns 1 --max-new-tokens $TOKENS"
 SINGLE="--dataset mt-bench --dataset humaneval --max-samples $SPEED --turns 1 --max-new-tokens $TOKENS"
-BOTH=(--drafter "$SHIPPED=$V1" --drafter "$CANDIDATE=$OUT/drafter")
+BOTH=(--drafter "$SHIPPED=$SHIPPED_DIR" --drafter "$CANDIDATE=$OUT/drafter")
 mkdir -p "$OUT"
 weights=$(find "$CAND" -name 'model.safetensors*' | sort | xargs -r sha256sum | cut -d' ' -f1 | sha256sum | cut -d' ' -f1)
 [ -n "$(find "$CAND" -name 'model.safetensors*')" ] || { echo "$CAND: expected a drafter folder or a stash" >&2; exit 2; }
