@@ -353,11 +353,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        from transformers.utils import logging as hf_logging
+    try:  # from the first import on: a SIGTERM while transformers loads stops as quietly as one later
+        if not args.verbose:
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # its per-load "Loading weights" bar; ours (tqdm) stay
-    try:
+            hf_logging.disable_progress_bar()  # its per-load "Loading weights" bar; ours (tqdm) stay
         return {"generate": run_generate, "info": run_info, "data": run_data, "train": run_train,
                 "bench": run_bench_command, "qualify": run_qualify, "export": run_export,
                 "serve": run_serve}[args.command](args)
