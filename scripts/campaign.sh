@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Drafter v2's training campaign on this CPU (issue 36; recipe and reasons in docs/training.md, "The v2 campaign").
 # One command for every session: it trains in the background on both cores and keeps its latest checkpoint
-# (weights, AdamW moments, step, metrics) in data/checkpoints/v2-campaign as pieces of at most 32 MiB, to commit at
-# the end of a session. On a fresh machine the same command restores that stash and goes on bitwise. Stage 1 built
-# its feature cache first (~70 min for the 5,101 answers here); stage 2 fills its cache as it goes (--features
-# lazy), so a fresh machine trains at once and pays the target's forward for a sequence's first use only.
+# (weights, AdamW moments, step, metrics) in data/checkpoints/v2-campaign as pieces of at most 32 MiB, to commit once
+# at the end of a session (a replacement of the ~101 MB stash is ~200 MB of the 256 MiB of diffs a session may
+# submit: two in one session would pass it, and then none of the session's work lands). On a fresh machine the
+# same command restores that stash and goes on bitwise. Stage 1 built its feature cache first (~70 min for the
+# 5,101 answers here); stage 2 fills its cache as it goes (--features lazy), so a fresh machine trains at once and
+# pays the target's forward for a sequence's first use only.
 #
 #   nohup scripts/campaign.sh > /tmp/campaign.log 2>&1 &
 #   kill -STOP $(pgrep -f "train --out .*campaign/v2")      # pause it for a benchmark (never measure next to it)
