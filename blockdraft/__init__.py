@@ -9,7 +9,7 @@ from blockdraft.modeling.config import DrafterConfig, default_target_layer_ids
 from blockdraft.modeling.drafter import Drafter
 from blockdraft.modeling.target import TargetModel
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "BlockdraftError", "DecodeOptions", "Drafter", "DrafterConfig", "GenerationOutput", "GenerationStats",
     "Pipeline", "SamplingParams", "SpeculativeEngine", "TargetModel", "TextStream", "default_target_layer_ids",

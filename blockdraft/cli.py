@@ -17,7 +17,7 @@ from blockdraft.qualify.command import add_parser as add_qualify_parser
 from blockdraft.qualify.command import run_qualify
 from blockdraft.bench.command import run_bench_command
 from blockdraft.decoding.sampling import SAMPLERS
-from blockdraft.errors import BlockdraftError, InvalidArgumentError
+from blockdraft.errors import BlockdraftError, InvalidArgumentError, require_extra
 from blockdraft.modeling.export import ENGINES
 from blockdraft.modeling.registry import DEFAULT_TARGET, add_draft_vocab_argument, add_pack_argument, pack_choice
 from blockdraft.serving.scheduler import (DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN,
@@ -26,6 +26,22 @@ from blockdraft.train.command import add_parsers as add_training_parsers
 from blockdraft.train.command import run_data, run_train
 
 log = logging.getLogger(__name__)
+# The import names of the `serve` extra's packages (pyproject.toml); the core install has none of them.
+SERVE_MODULES = ("fastapi", "uvicorn", "pydantic", "prometheus_client")
+
+
+def needed_extra(args: argparse.Namespace) -> tuple[str, str, tuple[str, ...]] | None:
+    """(the command, the extra, its modules) when the parsed command needs an optional extra; checked first, so a
+    missing one stops the command in one line before any work (not with a traceback at the end of a long run)."""
+    if args.command == "serve":
+        return "blockdraft serve", "serve", SERVE_MODULES
+    if args.command == "train" and args.plot:
+        return "blockdraft train --plot", "train", ("matplotlib",)
+    if args.command == "bench" and not args.base_url:  # a local run plots; a server sweep (--base-url) does not
+        return "blockdraft bench", "bench", ("matplotlib",)
+    if args.command == "qualify":  # plots, and measures through `blockdraft serve` unless --no-server
+        return "blockdraft qualify", "bench", ("matplotlib",) + (() if args.no_server else SERVE_MODULES)
+    return None
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -354,6 +370,8 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:  # from the first import on: a SIGTERM while transformers loads stops as quietly as one later
+        if (extra := needed_extra(args)) is not None:
+            require_extra(*extra)
         if not args.verbose:
             from transformers.utils import logging as hf_logging
 

@@ -23,3 +23,14 @@ class IncompatibleModelsError(BlockdraftError):
 
 class MissingDependencyError(BlockdraftError):
     """An optional package needed for this path is not installed."""
+
+
+def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
+    """Raise a one-line `MissingDependencyError` naming the extra to install when any of `modules` (top-level
+    import names of that extra's packages) is missing: `what` (e.g. "blockdraft serve") then stops before any work."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingDependencyError(f"{what} needs the '{extra}' extra ({', '.join(missing)} not installed): "
+                                     f'pip install "blockdraft[{extra}]"')

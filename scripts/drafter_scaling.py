@@ -1,4 +1,4 @@
-"""Drafter v2's scaling measurement (issue 36, docs/training.md): held-out acceptance against data size, data kind
+"""Drafter v2's scaling measurement (docs/training.md): held-out acceptance against data size, data kind
 and drafter depth, every run at the same small compute, from random weights.
 
 Each run is `blockdraft train` (its own process, resumable: a killed run goes on from its last checkpoint when
@@ -10,7 +10,7 @@ gets from the same compute. Then the engine's greedy acceptance length is measur
 block 16, no lookups) on the first EVAL_PROMPTS MT-Bench and held-out ShareGPT first turns x EVAL_TOKENS; the
 continuations are decoded once and kept in the results folder.
 
-    python scripts/drafter_scaling.py [--results data/checkpoints/scaling-v2] [--runs r04,r15] [--dry-run]
+    python scripts/drafter_scaling.py [--results docs/figures/drafter-scaling] [--runs r04,r15] [--dry-run]
 
 Results: RESULTS/results.jsonl (one line per run, appended when its eval ends) and RESULTS/scaling.md; run
 folders (checkpoints, feature cache) under $BLOCKDRAFT_HOME/scaling (default ~/.cache/blockdraft/scaling), their
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 REGEN = "data/regenerated/smollm2-135m-instruct-sharegpt"
-IMPORTS = "data/imported/sharegpt"  # `blockdraft data import --source sharegpt --out data/imported/sharegpt`
+IMPORTS = "data/imported/sharegpt"  # not in git: `blockdraft data import --source sharegpt --out data/imported/sharegpt`
 FEATURES = [1, 8, 14, 20, 27]  # v1's target layers, for every depth (one feature cache serves all runs)
 COMPUTE, BATCH, ANCHORS = 2400, 2, 64  # sequence passes per run, sequences per step, blocks per sequence
 EVAL_PROMPTS, EVAL_TOKENS = 40, 256  # per prompt set (MT-Bench, held-out ShareGPT)
@@ -173,7 +173,7 @@ def main() -> int:
     import os
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", default="data/checkpoints/scaling-v2")
+    parser.add_argument("--results", default="docs/figures/drafter-scaling")
     parser.add_argument("--runs", default=",".join(["v1", *RUNS]), help="comma-separated; v1 = drafter v1")
     parser.add_argument("--autocast", choices=("off", "bf16"), default="off",
                         help="train in bf16 autocast (1.5x on a CPU with AVX512-BF16, losses within 1%%; the "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the README's results table (`make results`): ~35 min on a 2-core CPU, nothing else running.
-# Every run is side by side in one process; the table is composed by blockdraft.bench.results.
+# Every run is side by side in one process; the table is composed by scripts/results.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-docs/figures/results}
@@ -18,4 +18,4 @@ $BD bench --dataset mt-bench --dataset humaneval --max-samples 16 --turns 1 --ma
 # the drafter's own greedy acceptance at its trained block size, by replaying plain greedy answers
 $BD bench --dataset mt-bench --dataset sharegpt-heldout --max-samples 16 --turns 1 --max-new-tokens 256 \
     --replay --batch 16 --out "$OUT/acceptance"
-$PY -m blockdraft.bench.results "$OUT" --readme README.md
+$PY scripts/results.py "$OUT" --readme README.md

@@ -118,8 +118,8 @@ def policy_state(policy: AdaptiveVerify) -> dict:
 
 
 def kind(record: dict) -> str:
-    """D: a row verified the drafter's drafts, L: looked-up drafts only, p: plain (records before session 20
-    do not tell lookups apart: D for any drafts)."""
+    """D: a row verified the drafter's drafts, L: looked-up drafts only, p: plain (records written before commit
+    8155f34, 2026-12-03, do not tell lookups apart: D for any drafts)."""
     if not record["drafted"]:
         return "p"
     return "L" if record.get("looked_up", 0) == record["drafted"] else "D"
@@ -149,7 +149,7 @@ def summary(path: Path) -> str:
 
 def shape(group: list[dict]) -> str:
     """The group's mean drafts verified and tokens committed per cycle, and its share of cycles where a row
-    verified a tree (records before session 26 have none of these: empty)."""
+    verified a tree (records written before commit 59cf227, 2026-12-04, have none of these: empty)."""
     if not group or "verified" not in group[0]:
         return ""
     n = len(group)
@@ -164,7 +164,7 @@ def levels(sweep_path: Path, records: dict[str, Path]) -> str:
     cycles = {name: json.loads(path.read_text()) for name, path in records.items()}
     lines = []
     for run in (r for r in sweep["runs"] if r["name"] in cycles):
-        for lv in (lv for lv in run["levels"] if "started" in lv):  # sweeps before session 17 have none
+        for lv in (lv for lv in run["levels"] if "started" in lv):  # sweeps before commit 469bbd2 (2026-12-02) have none
             start, end = lv["started"], lv["started"] + lv["wall_s"]
             inside = [r for r in cycles[run["name"]] if start <= r["at"] <= end]
             groups = {kind: [r["seconds"] for r in group] for kind, group in by_kind(inside).items()}

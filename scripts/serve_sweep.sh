@@ -4,7 +4,7 @@
 # of the same weights made with llama.cpp's own converter), all up together, each concurrency level run on one
 # server after another in an order that alternates from round to round (ABBA per level; --one-at-a-time: a
 # whole server's sweep at a time).
-#   scripts/serve_sweep.sh [OUT] [extra python -m blockdraft.bench.serve_sweep flags]
+#   scripts/serve_sweep.sh [OUT] [extra scripts/serve_sweep.py flags]
 # llama-cpp-python builds from source into its own venv under ~/.cache/blockdraft/llamacpp (~9 min, once);
 # LLAMA_THREADS (default 2) sets its threads. SKIP_LLAMA=1 leaves llama.cpp out. Where llama.cpp crashes on the
 # Q4_1 file with its extra weight buffers (an AMX Xeon VM did), its servers run without them, as its own
@@ -57,4 +57,4 @@ if [[ -z "${SKIP_LLAMA:-}" ]]; then
   baselines+=(--baseline llama.cpp-Q4_1 --baseline llama.cpp-F32)
 fi
 
-$BIN/python -m blockdraft.bench.serve_sweep "${servers[@]}" "${baselines[@]}" --reference plain --out "$OUT" "$@"
+$BIN/python scripts/serve_sweep.py "${servers[@]}" "${baselines[@]}" --reference plain --out "$OUT" "$@"

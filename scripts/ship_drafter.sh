@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Measure a drafter checkpoint against the shipped one, the way issue 36 decides whether it ships:
+# Measure a drafter checkpoint against the shipped one on what decides whether it ships: its greedy acceptance
+# length, whether its outputs stay identical to plain decoding's, and its end-to-end speed:
 #
 #   scripts/ship_drafter.sh CHECKPOINT [OUT]       # a drafter folder, e.g. ~/.cache/blockdraft/campaign/v2-stage1/final,
-#                                                  # or a stash: data/checkpoints/v2-campaign/stage1 (its latest step)
+#                                                  # or a stash: data/checkpoints/v2-campaign/stage4 (its latest step)
 #   DRY=1 scripts/ship_drafter.sh CHECKPOINT /tmp/ship-dry   # every step at tiny scale (a minute or two)
 #
 # The tables name the shipped drafter $SHIPPED (default v3) and the candidate $CANDIDATE (default v4);
@@ -21,8 +22,8 @@
 # 4. speed: the README's benchmark (8 MT-Bench + 8 HumanEval first turns, 256 tokens) with both drafters side by
 #    side in one process, the default (lookups) and the drafter alone, at T=0 and T=0.7 (OUT/t0, OUT/t07).
 # About 1.5 h on a 2-core CPU with nothing else running: pause the campaign first (scripts/campaign.sh).
-# A step whose results are in OUT already is skipped, so a run stopped between steps (a session's end) goes on
-# with the same command; OUT/candidate.sha256 ties OUT to CHECKPOINT's weights, and another CHECKPOINT is refused.
+# A step whose results are in OUT already is skipped, so a run stopped between steps goes on with the same
+# command; OUT/candidate.sha256 ties OUT to CHECKPOINT's weights, and another CHECKPOINT is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CAND=${1:?usage: scripts/ship_drafter.sh CHECKPOINT [OUT]}

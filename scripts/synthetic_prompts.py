@@ -2,10 +2,11 @@
 
     .venv/bin/python scripts/synthetic_prompts.py --out data/prompts/synthetic.jsonl.gz [--count 6000] [--seed 0]
 
-The templates and their fillers live in `scripts/synthetic_prompt_data.py`, one list of templates per category
-(MT-Bench's eight plus `general`). Categories take turns, so each gets count/9 prompts (give or take one); every
-prompt is distinct (compared as `Prompt.fingerprint` does: case and spacing ignored). A seed always gives the same
-file (gzip without a timestamp). Records are OpenAI-style chats that `blockdraft.prompts.load_prompts` reads:
+The templates and the lists that fill them live in `data/prompts/synthetic-templates.json` (its `about` says how
+a template is filled): `kinds`, the categories (MT-Bench's eight plus `general`) in the order they take turns,
+`templates` per category, `fillers` and `passages`. Categories take turns, so each gets count/9 prompts (give or
+take one); every prompt is distinct (compared as `Prompt.fingerprint` does: case and spacing ignored). A seed
+always gives the same file (gzip without a timestamp). Records are OpenAI-style chats that `blockdraft.prompts.load_prompts` reads:
     {"id": "synthetic-<n>", "source": "synthetic", "kind": "<category>", "messages": [{"role": "user", ...}]}
 Standard library only, so it runs without loading torch.
 """
@@ -21,12 +22,25 @@ import string
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synthetic_prompt_data as data  # noqa: E402
+DATA = Path(__file__).resolve().parents[1] / "data" / "prompts" / "synthetic-templates.json"
 
 NUMBERS = {"a": (2, 99), "b": (2, 99), "c": (2, 12)}  # `{a}`, `{b}`, `{c}`: random integers, bounds included
 MAX_DRAWS = 500  # draws for one prompt before its category counts as used up
+
+
+def load_data(path: Path = DATA) -> SimpleNamespace:
+    """The templates file as TEMPLATES (category -> templates, in the order categories take turns), FILLERS
+    (list name -> values) and PASSAGES."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    if sorted(raw["kinds"]) != sorted(raw["templates"]):
+        raise ValueError(f"{path}: `kinds` {raw['kinds']} must name each category of `templates` once")
+    return SimpleNamespace(TEMPLATES={kind: raw["templates"][kind] for kind in raw["kinds"]}, FILLERS=raw["fillers"],
+                           PASSAGES=raw["passages"])
+
+
+data = load_data()
 
 
 class Exhausted(Exception):

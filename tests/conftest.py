@@ -88,6 +88,20 @@ def tiny_drafter(target: TargetModel, *, seed: int = 1, std: float = 0.2, **kw) 
     return Drafter(tiny_drafter_config(target, **kw)).init_weights(seed, std=std).to(target.dtype).eval()
 
 
+def pytest_configure(config):
+    """`slow` (declared in pyproject.toml; here too, should that declaration go): what the quick tier leaves out."""
+    if not any(line.startswith("slow:") for line in config.getini("markers")):
+        config.addinivalue_line("markers", "slow: heavy (the real default target, several processes, a browser, "
+                                           "long statistical runs); left out of pytest -m 'not slow'")
+
+
+def slow_unless(values, *keep):
+    """`values` for `parametrize` (a tuple per case where there are several names) or fixture `params`, each
+    not in `keep` marked slow: the quick tier runs the cases in `keep`, `make test` all of them."""
+    return [v if v in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+            for v in values]
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models are a
@@ -143,7 +157,7 @@ def save_tiny_target(folder, max_positions: int = 512, family: str = "qwen3"):
     return folder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tiny_target_dir(tmp_path_factory):
     """A saved Hugging Face folder (tiny Qwen3 + byte tokenizer), as users pass with --target."""
     return save_tiny_target(tmp_path_factory.mktemp("target"))
@@ -176,7 +190,7 @@ def without_prompt_wheels(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def long_context_pair(tmp_path_factory):
     """(target folder, drafter folder): a tiny saved pair whose context (16,384 positions) holds the longest
     shipped evaluation prompts in byte tokens (a held-out ShareGPT prompt runs to ~6,000)."""

@@ -3,7 +3,7 @@ import torch
 
 from blockdraft.api import Pipeline
 from blockdraft.errors import InvalidArgumentError
-from tests.conftest import tiny_drafter, tiny_drafter_config, tiny_pipeline
+from tests.conftest import slow_unless, tiny_drafter, tiny_drafter_config, tiny_pipeline
 from tests.decoding.test_engine import PlantedDrafter
 
 
@@ -55,7 +55,7 @@ def _committed(out) -> int:
     return 1 + sum(out.stats.acceptance_lengths) + plain_steps
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", slow_unless([0.0, 1.0], 0.0))
 def test_stop_strings_cut_token_ids_where_plain_decoding_stops(pipe, temperature):
     """A cycle can commit tokens past a stop string; token_ids and counts must stop where plain decoding does.
     The drafter proposes plain decoding's own continuation, so cycles commit whole blocks and most stops

@@ -190,8 +190,9 @@ def hybrid_dirs(tmp_path_factory):
     return target_dir, drafter
 
 
+@pytest.mark.slow
 def test_a_hybrid_target_decodes_as_plain_decoding(capsys, hybrid_dirs):
-    """The issue's first try: `generate --drafter untrained` and `--no-draft` on a Qwen3.5 folder."""
+    """A first try on a new family: `generate --drafter untrained` and `--no-draft` on a Qwen3.5 folder."""
     target_dir, drafter_dir = hybrid_dirs
     outputs = []
     for extra in (["--drafter", "untrained"], ["--drafter", drafter_dir], ["--no-draft"]):

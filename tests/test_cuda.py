@@ -1,6 +1,6 @@
 """CUDA smoke tests: the same guarantees on a GPU in bf16 (skipped where there is no GPU).
 
-Run by scripts/device_check.sh on a lent GPU machine. bf16 logits can tie where fp32 does not, so greedy
+Run by scripts/cuda_check.sh on a machine with a CUDA GPU. bf16 logits can tie where fp32 does not, so greedy
 equality is checked against our own plain decoding on the same device and dtype (the same forward),
 and batched against solo.
 """

@@ -1,1 +1,2 @@
-"""Benchmark harness: prompt sets, the side-by-side runner, metrics, reports and the HTTP load client."""
+"""Benchmark harness: prompt sets, the side-by-side runner, metrics, reports, the HTTP load client and the servers
+it starts and sweeps."""

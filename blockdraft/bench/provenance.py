@@ -1,4 +1,5 @@
-"""Which code a measurement ran: the git commit of this checkout, and the tracked files that differed from it.
+"""Which code and machine a measurement ran on: the git commit of this checkout, the tracked files that differed
+from it, and a one-line name of the machine from a run's environment record (`bench.report.environment`).
 
 Only what can change a figure counts as a change (the package with its weights, scripts, the build files), so
 a benchmark that rewrites its own tracked output under docs/ does not mark the runs after it. Kept free of
@@ -43,3 +44,9 @@ def commit_label(envs: Iterable[dict[str, Any]]) -> str:
     commits = list(dict.fromkeys((e.get("git_commit") or "?")[:7] for e in envs))
     dirty = any(e.get("git_dirty") for e in envs)
     return ", ".join(commits) + (" + uncommitted changes" if dirty else "")
+
+
+def machine(env: dict[str, Any]) -> str:
+    """'<CPU or GPU> (<kernels> kernels), N threads, <dtype>' from a run's environment record."""
+    return (f"{env.get('cpu_model') or env['device_name']} ({env.get('cpu_capability', '?')} kernels), "
+            f"{env['torch_threads']} threads, {env['dtype']}")

@@ -217,7 +217,7 @@ class AdaptiveVerify:
         tokens in the (ragged) verify. Per row, not per batch: the slot history a probe refreshes is shared by
         every batch size, the small ones draft anyway, and a probe costs a batch far more than it costs one
         row alone (the verify is compute-bound, and the row's features since it last drafted are projected
-        first). At 16 rows a 1%-of-the-batch budget cost the servers about 1% under load (session 20)."""
+        first). At 16 rows a 1%-of-the-batch budget cost the servers about 1% under load (measured 2026-12-03)."""
         plain = self.forward_cost(rows, 1)
         extra = self.forward_cost(rows, 1 + PROBE_DRAFTS) - plain + self.drafter_s
         return max(0.0, extra) * rows / (self.probe_budget * plain)
@@ -442,7 +442,7 @@ class CostDrift:
     is slower at every size, so the sizes the policy never verifies scale with the ones it does. Correcting
     only the observed sizes would make the others look cheaper by the same factor: a policy that decodes
     plainly, on a machine 50% slower than its curve, would see every verify of drafts 50% cheaper than a
-    plain step and start drafting where it loses (measured in the server's batches, session 16).
+    plain step and start drafting where it loses (measured in the server's batches, 2026-12-02).
 
     On top of the level, each size keeps decayed sums of its forwards' log ratios (each forward counts
     `decay` less per later one, so ~1 / (1 - decay) are remembered). Its deviation is the mean of its own

@@ -94,7 +94,7 @@ def qualify(subject: Any, prompts: dict[str, list], settings: Any, out: Path, pr
     import torch
 
     from blockdraft.bench.report import environment
-    from blockdraft.bench.results import machine
+    from blockdraft.bench.provenance import machine
     from blockdraft.qualify.measure import measure
     from blockdraft.qualify.render import section_dicts, write
     from blockdraft.qualify.verdict import sections, verdict

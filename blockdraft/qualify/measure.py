@@ -11,7 +11,7 @@
     work         target tokens per committed token, drafter share, estimated FLOPs per committed token, the
                  verify cost curve, break-even tau, predicted vs measured speed-up (`bench.report`)
     speed        end-to-end single-request speed-up per dataset and temperature; optionally our server with
-                 and without drafting per concurrency (`bench.serve_sweep`)
+                 and without drafting per concurrency (`bench.servers`)
     memory       parameters and per-request caches, and how many requests fit in a memory budget
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from blockdraft.api import Pipeline
 from blockdraft.bench.metrics import mean_acceptance_length, pooled_histogram, pooled_per_position
 from blockdraft.bench.report import cost_accounting, curve_context, summaries
 from blockdraft.bench.runner import BenchSettings, Record, run_bench
-from blockdraft.bench.serve_sweep import ServerSpec, run_server
+from blockdraft.bench.servers import ServerSpec, run_server
 from blockdraft.decoding.batch_engine import BatchEngine
 from blockdraft.decoding.costs import report_cost_curve
 from blockdraft.decoding.engine import DecodeOptions

@@ -136,8 +136,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "its peak memory: blockdraft.train.allocator); system leaves the C library as it is")
     t.add_argument("--stash", default=None, metavar="DIR",
                    help="also keep every checkpoint (weights, optimizer state, metrics) in DIR in pieces of at most "
-                        "32 MiB, the latest only, to commit; --resume restores it when --out has no checkpoint "
-                        "(a campaign going on on another machine)")
+                        "32 MiB with a sha256 manifest, the latest only, to move the run to another machine; --resume "
+                        "restores it when --out has no checkpoint (a campaign going on on another machine)")
     t.add_argument("--seed", type=int, default=0, help="seed of the initial weights, anchors and negatives (default 0)")
     _device_args(t)
 

@@ -1,5 +1,6 @@
-"""A run's latest checkpoint in git-sized pieces (`blockdraft train --stash DIR`), so that a training campaign
-goes on from what a commit carries when the next session starts on another machine.
+"""A run's latest resumable checkpoint, copied as pieces of at most 32 MiB with a sha256 manifest
+(`blockdraft train --stash DIR`), for moving a training run between machines: copy DIR to the other machine
+(the pieces fit stores and transfers that cap a file's size) and `train --resume --stash DIR` there goes on from it.
 
     DIR/step-0001200/manifest.json                  the files, their pieces and each piece's sha256
     DIR/step-0001200/trainer.json, drafter/config.json ...   small files, as they are
@@ -7,7 +8,7 @@ goes on from what a commit carries when the next session starts on another machi
     DIR/metrics.jsonl                                the run's metrics up to that step
 
 Every checkpoint the run saves replaces the stash (a new step folder, written aside and renamed into place,
-then the older one removed), so the folder holds one step: what to commit at the end of a session. Restoring
+then the older one removed), so the folder always holds one complete step, the latest. Restoring
 rebuilds `RUN/checkpoints/step-N` with the same tensors, and `--resume` goes on from it bitwise as from a
 checkpoint that never left the machine.
 """
@@ -26,7 +27,7 @@ from blockdraft.files import atomic_dir, atomic_path, sha256_of
 
 log = logging.getLogger(__name__)
 
-PIECE_BYTES = 32 * 2**20  # under the 40 MB a file in git may have here
+PIECE_BYTES = 32 * 2**20  # small enough for file stores and transfers that cap a file's size
 MANIFEST = "manifest.json"
 
 

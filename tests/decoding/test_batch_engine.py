@@ -14,7 +14,7 @@ from blockdraft.decoding.stats import GenerationStats
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_hf_model
+from tests.conftest import ARCHS, slow_unless, tiny_drafter, tiny_hf_model
 from tests.decoding.test_engine import PROMPT, VOCAB, chi_square_pvalue, exact_joint, prompts
 
 
@@ -39,7 +39,8 @@ def mixed_options(n: int, vocab: int = 96) -> list[DecodeOptions]:
     return out
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("arch, rows", slow_unless([(a, r) for a in ARCHS for r in (1, 3, 8)],
+                                                   ("qwen3", 8), ("llama", 3), ("qwen2", 1)))
 def test_each_row_decodes_what_it_decodes_alone(arch, rows, monkeypatch):
     target = FastTarget(tiny_hf_model(arch, head_scale=3.0))
     policy = AdaptiveVerify({q: 1 + 0.15 * q for q in range(1, 9)}, learn_costs=False)
@@ -81,6 +82,7 @@ def test_bad_requests_fail_before_any_work():
         BatchEngine(engine, rows=0)
 
 
+@pytest.mark.slow
 def test_batched_sampling_has_the_targets_distribution():
     model = tiny_hf_model("qwen3", vocab=VOCAB, layers=2, head_scale=12.0, seed=5)
     target = FastTarget(model)
@@ -103,7 +105,7 @@ def test_greedy_rows_equal_solo_under_the_learning_batch_aware_policy():
     assert [tokens for tokens, _ in batched(engine, ps, opts, 4)] == alone
 
 
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("arch, rows", slow_unless([(a, r) for a in ARCHS for r in (1, 4)], ("qwen3", 4), ("llama", 1)))
 def test_rows_with_looked_up_drafts_decode_what_they_decode_alone(arch, rows):
     target = FastTarget(tiny_hf_model(arch, head_scale=3.0))
     engine = SpeculativeEngine(target, tiny_drafter(target, block_size=8))

@@ -13,7 +13,7 @@ from blockdraft.decoding.stats import GenerationStats, histogram
 from blockdraft.errors import IncompatibleModelsError, InvalidArgumentError
 from blockdraft.modeling.drafter import Drafter
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_drafter_config, tiny_hf_model
+from tests.conftest import ARCHS, slow_unless, tiny_drafter, tiny_drafter_config, tiny_hf_model
 
 
 class PlantedDrafter(Drafter):
@@ -60,7 +60,8 @@ def prompts(n, vocab=96, seed=0):
     return [[rng.randrange(vocab) for _ in range(rng.randint(1, 30))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("block", [2, 4, 8])
+@pytest.mark.parametrize("arch, block", slow_unless([(a, b) for a in ARCHS for b in (2, 4, 8)],
+                                                    ("qwen3", 2), ("llama", 4), ("qwen2", 8)))
 def test_greedy_equals_hf_generate_with_a_random_drafter(arch, block):
     model = tiny_hf_model(arch)
     target = TargetModel(model)
@@ -71,7 +72,8 @@ def test_greedy_equals_hf_generate_with_a_random_drafter(arch, block):
         assert stats.block_size == block
 
 
-@pytest.mark.parametrize("error_rate", [0.0, 0.1, 0.4])
+@pytest.mark.parametrize("arch, error_rate", slow_unless([(a, e) for a in ARCHS for e in (0.0, 0.1, 0.4)],
+                                                         ("qwen3", 0.4), ("llama", 0.1), ("qwen2", 0.0)))
 def test_greedy_equals_hf_generate_at_every_acceptance_length(arch, error_rate):
     model = tiny_hf_model(arch)
     target = TargetModel(model)
@@ -192,12 +194,14 @@ def sampling_setup():
     return engine, exact_joint(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["sample", "greedy"])
 def test_speculative_sampling_has_the_targets_distribution(sampling_setup, draft):
     engine, joint = sampling_setup
     assert chi_square_pvalue(sample_counts(engine, draft), joint) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_broken_residual_is_detected(sampling_setup, monkeypatch):
     engine, joint = sampling_setup
     monkeypatch.setattr(acc, "residual", lambda p, q: p)
@@ -255,6 +259,7 @@ def test_a_proposal_costs_its_drafting_without_the_context_catch_up(monkeypatch)
 
 
 # ---------------------------------------------------------------- looked-up drafts (blockdraft.decoding.lookup)
+@pytest.mark.parametrize("arch", slow_unless(ARCHS, "qwen3"))
 def test_looked_up_drafts_keep_greedy_output_the_targets(arch):
     model = tiny_hf_model(arch, head_scale=3.0)
     target = TargetModel(model)
@@ -269,6 +274,7 @@ def test_looked_up_drafts_keep_greedy_output_the_targets(arch):
     assert looked > 0
 
 
+@pytest.mark.slow
 def test_looked_up_drafts_keep_the_targets_distribution(sampling_setup):
     engine, joint = sampling_setup
     counts, looked = np.zeros((VOCAB,) * 3), 0

@@ -5,11 +5,11 @@ from blockdraft.decoding.replay import replay_acceptance
 from blockdraft.decoding.sampling import SamplingParams
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter_config, tiny_hf_model
+from tests.conftest import slow_unless, tiny_drafter_config, tiny_hf_model
 from tests.decoding.test_engine import PlantedDrafter, decode, hf_greedy, prompts
 
 
-@pytest.mark.parametrize("error_rate", [0.0, 0.3, 0.7])
+@pytest.mark.parametrize("error_rate", slow_unless([0.0, 0.3, 0.7], 0.3))
 def test_replay_gives_the_engines_acceptance_lengths(error_rate):
     model = tiny_hf_model("qwen3", head_scale=6.0)
     target = TargetModel(model)

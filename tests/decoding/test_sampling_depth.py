@@ -165,11 +165,10 @@ def assert_exact(runs: Runs, joint: np.ndarray, label: str) -> dict[str, float]:
     return p
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # thousands of runs per test
 
 
 # ---------------------------------------------------------------- fixed verify
-@pytest.mark.slow
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_fixed_verify_with_sampled_drafts_is_exact_at_depth(pair, sampler):
     runs = solo(pair.engine, PROMPT, RUNS, sampler, temperature=1.0)  # the controls below reuse these seeds
@@ -358,7 +357,6 @@ def install(monkeypatch, control) -> list[int]:
     return seen
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("control", [wrong_residual_after_an_accept, q_of_the_previous_slot])
 def test_a_rule_broken_only_at_depth_is_rejected(pair, control, monkeypatch):
     seen = install(monkeypatch, control)

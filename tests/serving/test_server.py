@@ -8,10 +8,14 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import openai
@@ -22,8 +26,12 @@ from blockdraft.bench.load_client import server_sweep
 from blockdraft.cli import main
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.prompts import Prompt
+from blockdraft.serving import server as server_module
 from blockdraft.serving.server import BlockdraftServer
 from tests.conftest import tiny_pipeline
+
+# tiny models driven from several threads: a second intra-op thread only adds waiting
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 HI = [{"role": "user", "content": "hi"}]
 LONG = "The quick brown fox jumps over the lazy dog. "
@@ -104,7 +112,9 @@ def healthy(srv: BlockdraftServer) -> dict:
     return body
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> bool:
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> bool:
+    """Poll until `predicate()` holds; False after `timeout` seconds (a guard against hanging, not a time limit
+    on the behaviour: it returns as soon as the predicate holds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -113,24 +123,45 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> bool:
     return False
 
 
-def slow_cycles(monkeypatch, srv: BlockdraftServer, seconds: float = 0.05,
-                gate: threading.Event | None = None) -> None:
-    """Each decode cycle first sleeps (and waits for `gate` when given): generations stay running."""
-    cycle = srv.scheduler.batch.cycle
+def hold_decoding(monkeypatch, srv: BlockdraftServer) -> threading.Event:
+    """Until the returned event is set, the scheduler decodes nothing: its steps still admit, prefill (a
+    stream's first token), drop cancelled requests, expire late ones and stop, but no row runs a cycle, so a
+    running request cannot finish before the test lets it, however slow the machine."""
+    release = threading.Event()
+    decoding_rows = srv.scheduler.batch.decoding_rows
+    monkeypatch.setattr(srv.scheduler.batch, "decoding_rows", lambda: decoding_rows() if release.is_set() else [])
+    return release
 
-    def slow(*args: Any, **kwargs: Any):
-        if gate is not None:
-            gate.wait(10)
-        time.sleep(seconds)
-        return cycle(*args, **kwargs)
 
-    monkeypatch.setattr(srv.scheduler.batch, "cycle", slow)
+class DrainClock:
+    """The clock of `blockdraft.serving.server` (its `time` module) with a `monotonic` that moves only when the
+    test calls `advance`: a drain runs out of time exactly when the test says, never because the machine is
+    slow. `reads` counts the drain's looks at it."""
+
+    sleep, time, perf_counter = staticmethod(time.sleep), staticmethod(time.time), staticmethod(time.perf_counter)
+
+    def __init__(self, monkeypatch) -> None:
+        self.now, self.reads = 1000.0, 0
+        monkeypatch.setattr(server_module, "time", self)
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def stop(srv: BlockdraftServer) -> None:
+    """Clean up after a test whatever its state (a drain that never ends included): stop the scheduler, close."""
+    srv.scheduler.stop()
+    srv.shutdown(timeout=0)
 
 
 def open_request(srv: BlockdraftServer, path: str, body: dict) -> http.client.HTTPConnection:
     """Send a request on a raw connection and return it unread."""
-    host, port = srv.socket.getsockname()[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    address = urllib.parse.urlsplit(srv.url)
+    conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     return conn
 
@@ -446,7 +477,9 @@ def test_a_concurrent_burst_gets_what_each_request_gets_alone(server, ref, monke
     alone = [answer(server, path, body) for path, body in BURST]
     assert alone == expected
     before = scrape(server)
-    slow_cycles(monkeypatch, server, 0.005)  # so that the requests overlap
+    release = hold_decoding(monkeypatch, server)  # until all 4 rows are taken: the requests overlap for sure
+    threading.Thread(target=lambda: (wait_for(lambda: len(server.scheduler.running) == 4), release.set()),
+                     daemon=True).start()
     assert all_at_once(lambda i: answer(server, *BURST[i]), len(BURST)) == expected
     after = scrape(server)
 
@@ -629,7 +662,7 @@ def test_unknown_paths_and_wrong_methods(server, method, path, status):
 # ---------------------------------------------------------------------- disconnects, the queue, draining
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_leaves_frees_its_row(server, ref, monkeypatch, stream):
-    slow_cycles(monkeypatch, server, 0.05)
+    hold_decoding(monkeypatch, server)  # the request cannot end by itself: only its client's leaving ends it
     before = dict(server.scheduler.counts)
     conn = open_request(server, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0,
                                                     "stream": stream})
@@ -639,7 +672,7 @@ def test_a_client_that_leaves_frees_its_row(server, ref, monkeypatch, stream):
         assert response.status == 200 and response.readline().startswith(b"data: ")
         response.close()
     conn.close()
-    assert wait_for(lambda: not server.scheduler.running, timeout=5)
+    assert wait_for(lambda: not server.scheduler.running)
     assert metric(scrape(server), "blockdraft_running_rows") == 0
     counts = server.scheduler.counts
     assert counts["cancelled"] == before["cancelled"] + 1 and counts["served"] == before["served"]
@@ -651,8 +684,7 @@ def test_a_client_that_leaves_frees_its_row(server, ref, monkeypatch, stream):
 
 def test_a_full_queue_answers_429_with_retry_after(ref, monkeypatch):
     srv = start(max_batch=1, max_queue=1)
-    gate = threading.Event()
-    slow_cycles(monkeypatch, srv, 0.01, gate)
+    release = hold_decoding(monkeypatch, srv)
     conns = []
     try:
         conns.append(open_request(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0,
@@ -668,24 +700,25 @@ def test_a_full_queue_answers_429_with_retry_after(ref, monkeypatch):
         assert int(limited.value.response.headers["retry-after"]) >= 1
         health = healthy(srv)  # busy is not unhealthy
         assert health["queued"] == 1 and health["running"] == 1
-        # the running client leaves: the queued request takes its row and is answered
-        gate.set()
+        # the running client leaves (still held: it cannot finish instead): the queued request takes its row
         conns[0].close()
+        assert wait_for(lambda: srv.scheduler.counts["cancelled"] == 1)
+        release.set()
         response = conns[1].getresponse()
         assert response.status == 200
         assert json.load(response)["choices"][0]["text"] == ref.generate("queued", max_new_tokens=6).text
         assert srv.scheduler.counts["cancelled"] == 1 and srv.scheduler.counts["served"] == 1
         assert metric(scrape(srv), "blockdraft_requests_total", route="/v1/completions", status="429") == 2
     finally:
-        gate.set()
+        release.set()
         for conn in conns:
             conn.close()
-        srv.shutdown(timeout=0)
+        stop(srv)
 
 
 def test_a_request_that_waits_too_long_gets_503(monkeypatch):
     srv = start(max_batch=1, max_queue_wait=0.3)
-    slow_cycles(monkeypatch, srv, 0.05)
+    hold_decoding(monkeypatch, srv)  # the running request keeps its row for as long as the test runs
     running = None
     try:
         running = open_request(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0,
@@ -693,20 +726,20 @@ def test_a_request_that_waits_too_long_gets_503(monkeypatch):
         assert wait_for(lambda: len(srv.scheduler.running) == 1)
         t0 = time.monotonic()
         status, out = call(srv, "/v1/completions", {"prompt": "late", "max_tokens": 5})
-        assert status == 503 and time.monotonic() - t0 >= 0.3
+        assert status == 503 and time.monotonic() - t0 >= 0.3  # not before its time was up
         assert "--max-queue-wait 0.3" in out["error"]["message"] and out["error"]["type"] == "server_error"
         assert srv.scheduler.counts["expired"] == 1 and len(srv.scheduler.running) == 1 and srv.healthy
     finally:
         if running is not None:
             running.close()
-        srv.shutdown(timeout=0)
+        stop(srv)
 
 
 def test_drain_finishes_running_requests_and_refuses_new_ones(ref, monkeypatch):
     srv = start(max_batch=2)
     address = srv.socket.getsockname()[:2]
-    gate = threading.Event()  # closed: the request stays running while the checks below run
-    slow_cycles(monkeypatch, srv, 0.01, gate)
+    DrainClock(monkeypatch)  # never moves: the drain waits for the request however long it takes
+    release = hold_decoding(monkeypatch, srv)  # the request stays running while the checks below run
     try:
         reader = StreamReader(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 60, "temperature": 0})
         assert wait_for(lambda: len(srv.scheduler.running) == 1)
@@ -716,53 +749,57 @@ def test_drain_finishes_running_requests_and_refuses_new_ones(ref, monkeypatch):
         status, out = call(srv, "/v1/completions", {"prompt": "new", "max_tokens": 3})
         assert status == 503 and "shutting down" in out["error"]["message"]
         assert not srv.healthy and srv.scheduler.running
-        gate.set()
-        reader.join(30)
+        release.set()
+        reader.join(60)
         expected = ref.generate(HELD, max_new_tokens=60)
         assert reader.data[-1] == "[DONE]" and streamed_text(reader.data) == expected.text
         assert reader.data[-2]["choices"][0]["finish_reason"] == expected.finish_reason
         assert wait_for(lambda: not srv._worker.is_alive())  # the scheduler stops once drained
         assert srv.worker_error is None and srv.scheduler.counts["served"] == 1
     finally:
-        gate.set()
-        srv.shutdown()
+        release.set()
+        stop(srv)
     with pytest.raises(OSError):
         socket.create_connection(address, 1)
 
 
 def test_a_drain_that_runs_out_of_time_ends_what_is_left_with_503s(monkeypatch):
-    srv = start(max_batch=1, drain_timeout=0.3)
-    gate = threading.Event()
-    slow_cycles(monkeypatch, srv, 0.01, gate)
+    srv = start(max_batch=1, drain_timeout=30)
+    clock = DrainClock(monkeypatch)
+    hold_decoding(monkeypatch, srv)  # never released: the running request could only end by the drain's timeout
     try:
         reader = StreamReader(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0})
         assert wait_for(lambda: len(srv.scheduler.running) == 1)
         queued = open_request(srv, "/v1/completions", {"prompt": "q", "max_tokens": 5})
         assert wait_for(lambda: len(srv.scheduler.waiting) == 1)
         srv.begin_drain()  # as SIGTERM does; no shutdown() call
-        time.sleep(0.5)
-        gate.set()
+        reads = clock.reads
+        assert wait_for(lambda: clock.reads >= reads + 3)  # the drain has looked at the clock a few times...
+        assert srv._worker.is_alive() and len(srv.scheduler.running) == 1 and len(srv.scheduler.waiting) == 1
+        clock.advance(29)  # ...and waits while its 30 s are not up...
+        assert wait_for(lambda: clock.reads >= reads + 6)
+        assert srv._worker.is_alive() and len(srv.scheduler.waiting) == 1
+        clock.advance(2)  # ...then they are
         response = queued.getresponse()
         assert response.status == 503 and "shutting down" in json.load(response)["error"]["message"]
-        reader.join(10)
+        reader.join(60)
         assert not reader.is_alive() and reader.status in (200, 503)  # 200: the stream had started
         assert "shutting down" in reader.data[-1]["error"]["message"]
         assert wait_for(lambda: not srv._worker.is_alive()) and not srv.scheduler.busy and srv.worker_error is None
     finally:
-        gate.set()
-        srv.shutdown()
+        stop(srv)
 
 
 def test_shutdown_now_ends_a_running_stream_with_an_error(monkeypatch):
     srv = start(max_batch=1)
     host, port = srv.socket.getsockname()[:2]
-    slow_cycles(monkeypatch, srv, 0.05)
+    hold_decoding(monkeypatch, srv)  # the stream cannot finish before the shutdown
     reader = StreamReader(srv, "/v1/chat/completions", {"messages": HI, "max_tokens": 400, "temperature": 0})
     assert wait_for(lambda: reader.status == 200)
     queued = open_request(srv, "/v1/completions", {"prompt": "q", "max_tokens": 5})
     assert wait_for(lambda: len(srv.scheduler.waiting) == 1)
     srv.shutdown(timeout=0)
-    reader.join(10)
+    reader.join(60)
     assert not reader.is_alive() and srv.worker_error is None
     last = reader.data[-1]
     assert last != "[DONE]" and "server is shutting down" in last["error"]["message"]
@@ -797,18 +834,30 @@ def signals_restored() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
+def signal_handler_of(srv: BlockdraftServer, sig: signal.Signals) -> Callable[[int, Any], None]:
+    """The handler `serve()` installed for `sig` (checked to be the server's): tests call it where the signal
+    would (the real signals go to a `blockdraft serve` process in test_a_real_sigterm_drains...), never sending
+    one to the test process, which a missing handler would kill or interrupt."""
+    handler = signal.getsignal(sig)
+    assert getattr(handler, "__self__", None) is srv and handler.__func__ is BlockdraftServer._on_signal, handler
+    return handler
+
+
 def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target_dir, signals_restored):
     serve, seen = BlockdraftServer.serve, {}
 
     def client_then_sigterm() -> None:
+        srv = seen["server"]
         try:
-            assert wait_for(lambda: "server" in seen and seen["server"].healthy)
-            srv = seen["server"]
+            assert wait_for(lambda: srv.healthy)
             seen["address"] = srv.socket.getsockname()[:2]
             seen["health"] = healthy(srv)
             seen["answer"] = call(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 5, "temperature": 0})
+            signal_handler_of(srv, signal.SIGTERM)(signal.SIGTERM, None)
+            seen["drained"] = True
         finally:
-            os.kill(os.getpid(), signal.SIGTERM)
+            if "drained" not in seen:  # the assertions below fail; stop the server rather than hang
+                srv.scheduler.stop()
 
     def record(self: BlockdraftServer) -> None:
         seen["server"] = self
@@ -823,6 +872,7 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
     code = main(["serve", "--target", str(tiny_target_dir), "--port", "0", "--max-queue", "3", "--max-batch", "2",
                  "--no-draft"])
     _, err = capsys.readouterr()
+    assert seen.get("drained"), "the server's SIGTERM handler was not called"
     assert code == 0 and seen["main thread"]  # the model runs on the thread that loaded it
     assert seen["after serve"] == seen["handlers"]  # serve() put back the handlers it found
     assert {sig: signal.getsignal(sig) for sig in before} == before  # and main() the caller's
@@ -837,7 +887,8 @@ def test_cli_serve_starts_and_drains_on_sigterm(capsys, monkeypatch, tiny_target
 
 def test_serve_drains_on_a_first_signal_and_stops_on_a_second(monkeypatch, signals_restored):
     srv = BlockdraftServer(tiny_pipeline("qwen3", seed=2, fast=True), ("127.0.0.1", 0), model_id="tiny", max_batch=1)
-    slow_cycles(monkeypatch, srv, 0.05)
+    DrainClock(monkeypatch)  # the drain never runs out of time: only the second signal can end it
+    hold_decoding(monkeypatch, srv)  # nor can the running request end it by finishing
     seen: dict[str, Any] = {}
 
     def client_and_signals() -> None:
@@ -846,21 +897,67 @@ def test_serve_drains_on_a_first_signal_and_stops_on_a_second(monkeypatch, signa
             seen["reader"] = reader = StreamReader(srv, "/v1/completions",
                                                    {"prompt": HELD, "max_tokens": 400, "temperature": 0})
             assert wait_for(lambda: reader.status == 200)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal_handler_of(srv, signal.SIGTERM)(signal.SIGTERM, None)
             assert wait_for(lambda: srv.draining.is_set())
             seen["health"] = call(srv, "/health")
-            seen["running"] = len(srv.scheduler.running)  # the drain waits for it (30 s by default)...
+            seen["running"] = len(srv.scheduler.running)  # the drain waits for it...
+            signal_handler_of(srv, signal.SIGINT)(signal.SIGINT, None)  # ...a second signal does not
+            seen["stopped"] = wait_for(lambda: not srv._worker_alive)
         finally:
-            os.kill(os.getpid(), signal.SIGINT)  # ...a second signal does not
+            if not seen.get("stopped"):  # the assertions below fail; stop the server rather than hang
+                srv.scheduler.stop()
 
     threading.Thread(target=client_and_signals, daemon=True).start()
-    t0 = time.monotonic()
     srv.serve()  # here, on the main thread, until the second signal
-    assert time.monotonic() - t0 < 20 and srv.worker_error is None
+    assert seen.get("stopped") and srv.worker_error is None
     assert seen["health"][0] == 503 and seen["health"][1]["status"] == "shutting down" and seen["running"] == 1
     reader = seen["reader"]
-    reader.join(10)
+    reader.join(60)
     assert reader.data[-1] != "[DONE]" and "shutting down" in reader.data[-1]["error"]["message"]
+
+
+HELD_SERVE = """
+import sys
+from blockdraft.cli import main
+from blockdraft.decoding.batch_engine import Batch
+Batch.decoding_rows = lambda self: []  # every request stays running until the server stops it
+sys.exit(main(["serve", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.slow
+def test_a_real_sigterm_drains_blockdraft_serve_and_a_second_signal_stops_it(tiny_target_dir):
+    """`blockdraft serve` in a process of its own, sent real signals: SIGTERM drains (503s, the running
+    request kept), SIGINT then stops it at once (the request gets the error), and it exits 0. Its decoding is
+    held and its drain timeout an hour, so only the second signal can end it."""
+    proc = subprocess.Popen([sys.executable, "-c", HELD_SERVE, "--target", str(tiny_target_dir), "--port", "0",
+                             "--no-draft", "--max-batch", "1", "--drain-timeout", "3600"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    err: list[str] = []
+    collect = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    collect.start()
+    try:
+        assert wait_for(lambda: any(" at http://" in line for line in err) or proc.poll() is not None, 300)
+        started = [line for line in err if " at http://" in line]
+        assert started, "".join(err)
+        srv = SimpleNamespace(url=started[0].split(" at ")[1].split("/v1")[0])
+        reader = StreamReader(srv, "/v1/completions", {"prompt": HELD, "max_tokens": 400, "temperature": 0})
+        assert wait_for(lambda: reader.status == 200)
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: call(srv, "/health")[0] == 503)
+        status, health = call(srv, "/health")
+        assert health["status"] == "shutting down" and health["running"] == 1
+        assert call(srv, "/v1/completions", {"prompt": "new", "max_tokens": 3})[0] == 503
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, "".join(err)
+        collect.join(30)
+        assert any("second SIGINT: stopping without waiting" in line for line in err), "".join(err)
+        reader.join(60)
+        assert reader.data[-1] != "[DONE]" and "shutting down" in reader.data[-1]["error"]["message"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("args, message", [

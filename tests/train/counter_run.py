@@ -1,14 +1,18 @@
 """Training run on the counting target, as a separate process (for the kill/resume and torchrun tests).
 
     python -m tests.train.counter_run TARGET_DIR OUT_DIR STEPS [--resume] [--save-every=N] [--epochs=N]
-        [--slow-step=S] [--slow-save=S]
+        [--slow-step=S] [--slow-save=S] [--pause-at-step=N]
 
 --slow-step / --slow-save make every optimizer step / checkpoint save take S seconds longer: the barrier test
 needs a step longer than GracefulStop's echo window and a save still in progress when torchrun stops rank 0.
+--pause-at-step=N stops in the middle of step N (0-based: after its first micro-batch's backward pass, before
+its optimizer update), writes OUT_DIR/paused and waits for its stdin to close: the kill/resume test kills it
+there, at a point it chose, instead of at whatever step a timer happens to catch.
 """
 import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -27,6 +31,19 @@ def _delayed(method, seconds: float):
     return slow
 
 
+def _pausing(method, step: int, marker: Path):
+    """`Trainer._micro_step`, which at `step` writes `marker` and then waits until stdin closes (the test kills
+    the process meanwhile; a test that died closes the pipe, so the run never waits for good)."""
+    def paused(self, batch, scale, at):
+        out = method(self, batch, scale, at)
+        if at == step:
+            marker.write_text(str(at))
+            sys.stdin.read()
+            sys.exit(3)
+        return out
+    return paused
+
+
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING)
     target_dir, out, steps = argv[0], argv[1], int(argv[2])
@@ -38,6 +55,9 @@ def main(argv: list[str]) -> None:
         delay = next((float(a.split("=")[1]) for a in argv if a.startswith(name)), 0.0)
         if delay:
             setattr(Trainer, method, _delayed(getattr(Trainer, method), delay))
+    pause = next((int(a.split("=")[1]) for a in argv if a.startswith("--pause-at-step=")), None)
+    if pause is not None:
+        Trainer._micro_step = _pausing(Trainer._micro_step, pause, Path(out) / "paused")
     cfg = TrainConfig(out=out, epochs=epochs, lr=3e-3, max_anchors=16, log_every=1, save_every=save_every, max_steps=steps,
                       keep_checkpoints=3)
     with distributed_world():

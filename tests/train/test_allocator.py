@@ -1,7 +1,7 @@
 """Freed memory kept in the heap (`blockdraft.train.allocator`): repeated large blocks stop faulting pages in.
 
 Each case runs in its own interpreter (the setting is process-wide and cannot be undone); the one without it is
-the negative control."""
+the negative control. What it asks of glibc is checked in this process on a fake C library."""
 import ctypes
 import subprocess
 import sys
@@ -28,8 +28,38 @@ def _faults(mode: str) -> int:
     return int(out.stdout.strip())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "gnu_get_libc_version"), reason="glibc only")
 def test_kept_heap_reuses_freed_blocks():
     kept, system = _faults("heap"), _faults("system")
     assert kept < system / 4  # the control faults every step's 64 MiB in afresh (163,850 faults here; kept: 16,384)
 
+
+
+class FakeLibc:
+    """A C library that records `mallopt` calls (this process's real allocator is left alone)."""
+
+    def __init__(self, glibc: bool = True, answer: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.answer = answer
+        if glibc:
+            self.gnu_get_libc_version = lambda: b"2.36"
+
+        def mallopt(param: int, value: int) -> int:  # a function: ctypes' argtypes / restype are set on it
+            self.calls.append((param, value))
+            return self.answer
+
+        self.mallopt = mallopt
+
+
+@pytest.mark.parametrize("libc, kept", [(FakeLibc(), True), (FakeLibc(answer=0), False),
+                                         (FakeLibc(glibc=False), False)])
+def test_glibc_is_told_to_serve_every_block_from_the_heap_and_never_trim_it(monkeypatch, libc, kept):
+    from blockdraft.train import allocator
+
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
+    assert allocator.keep_freed_memory() is kept
+    if libc.answer and hasattr(libc, "gnu_get_libc_version"):
+        assert libc.calls == [(allocator.M_MMAP_MAX, 0), (allocator.M_TRIM_THRESHOLD, -1)]
+    if not hasattr(libc, "gnu_get_libc_version"):
+        assert libc.calls == []  # another C library's mallopt may mean something else: not called

@@ -24,7 +24,7 @@ def test_a_stashed_run_goes_on_from_a_fresh_folder_to_the_same_weights(tiny_targ
     assert main([*common, "--out", str(tmp_path / "whole")]) == 0
     assert main([*common, "--out", str(tmp_path / "first"), "--stash", str(stash), "--max-steps", "6"]) == 0
     assert [p.name for p in stash.glob("step-*")] == ["step-0000006"]  # the older step was replaced
-    # the next session, on another machine: only the stash (from git) is there
+    # a later run, on another machine: only the stash (from git) is there
     assert main([*common, "--out", str(tmp_path / "second"), "--stash", str(stash), "--resume", "--eval-prompts", "1",
                  "--eval-max-new-tokens", "4"]) == 0
     assert "restored step-0000006" in caplog.text and "resumed from step 6 of 10" in caplog.text
@@ -37,7 +37,7 @@ def test_a_stashed_run_goes_on_from_a_fresh_folder_to_the_same_weights(tiny_targ
     # the final evaluation is in the stashed curve, and `export` takes the stash for its latest drafter
     curve = (stash / "metrics.jsonl").read_text()
     assert "eval_acceptance_length" in rows[-1] and curve == (tmp_path / "second" / "metrics.jsonl").read_text()
-    # the finished run started again (the next session's same command) evaluates nothing twice
+    # the finished run started again (the same command, later) evaluates nothing twice
     assert main([*common, "--out", str(tmp_path / "third"), "--stash", str(stash), "--resume", "--eval-prompts", "1",
                  "--eval-max-new-tokens", "4"]) == 0
     assert (stash / "metrics.jsonl").read_text() == curve

@@ -1,4 +1,3 @@
-import os
 import signal
 import threading
 
@@ -8,6 +7,15 @@ from blockdraft.train import stopping
 from blockdraft.train.stopping import GracefulStop
 
 
+def deliver(sig: int, stop: GracefulStop) -> None:
+    """What `sig` does to this process: run the handler installed for it, checked to be `stop`'s. Called here
+    rather than sent with os.kill: a handler that failed to install would let the signal kill or interrupt the
+    whole test run (real signals reach GracefulStop in the trainer's subprocess tests of test_trainer.py)."""
+    handler = signal.getsignal(sig)
+    assert getattr(handler, "__self__", None) is stop, handler
+    handler(sig, None)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_first_signal_asks_and_the_second_interrupts(sig, caplog, monkeypatch):
     clock = [100.0]
@@ -15,14 +23,14 @@ def test_the_first_signal_asks_and_the_second_interrupts(sig, caplog, monkeypatc
     before = signal.getsignal(sig)
     with GracefulStop("the end of this step") as stop:
         assert not stop.requested
-        os.kill(os.getpid(), sig)
+        deliver(sig, stop)
         assert stop.requested  # the job goes on to its safe point
         assert f"{signal.Signals(sig).name}: stopping at the end of this step" in caplog.text
         clock[0] += stopping.ECHO_SECONDS / 2
-        os.kill(os.getpid(), sig)  # the same request again (torchrun passing it on, Ctrl-C to the process group)
+        deliver(sig, stop)  # the same request again (torchrun passing it on, Ctrl-C to the process group)
         clock[0] += stopping.ECHO_SECONDS
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), sig)
+            deliver(sig, stop)
     assert signal.getsignal(sig) is before
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# serve-v7: every issue-20 figure in one run (run from anywhere; OUT defaults to ./serve-v7 under the repository).
-# Needs llama.cpp's venv and F32 GGUF, which scripts/serve_sweep.sh builds once.
+# serve-v7: every serving figure in one run (2026-12-03; run from anywhere; OUT defaults to ./serve-v7 under the
+# repository). Needs llama.cpp's venv and F32 GGUF, which scripts/serve_sweep.sh builds once. Ran as
+# `.venv/bin/python -m blockdraft.bench.serve_sweep`; the sweep is scripts/serve_sweep.py now (same flags).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${1:-serve-v7}; shift || true
@@ -10,7 +11,7 @@ Q4=$(.venv/bin/python -c 'import importlib.util, pathlib; print(pathlib.Path(imp
 F32=$LLAMA/SmolLM2-135M-Instruct.F32.gguf
 LS="$LLAMA/venv/bin/python -m llama_cpp.server --n_threads 2 --n_threads_batch 2 --n_ctx 4096 --host 127.0.0.1 --port {port} --interrupt_requests False --model"
 W=".venv/bin/python scripts/serve_cycles.py"
-.venv/bin/python -m blockdraft.bench.serve_sweep \
+.venv/bin/python scripts/serve_sweep.py \
   --server "dflash=$W $OUT/d-{port}.json serve --port {port}" \
   --server "plain=$W $OUT/p-{port}.json serve --port {port} --no-draft" \
   --server "fifo@1,8=.venv/bin/blockdraft serve --port {port} --max-batch 1" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# issue 35: the server sweep of this folder, trees vs chains vs plain decoding, as it ran with drafter v1 (the
+# The server sweep of this folder (2026-12-04), trees vs chains vs plain decoding, as it ran with drafter v1 (the
 # shipped drafter until 2eaaefc). Run as is, it would measure today's shipped drafter into this v1 folder, so
 # it needs v1's weights: git worktree add /tmp/v1 2eaaefc~1 && DRAFTER=/tmp/v1/blockdraft/weights/smollm2-135m-instruct-dflash
 set -euo pipefail

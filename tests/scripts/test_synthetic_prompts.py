@@ -1,6 +1,7 @@
-"""scripts/synthetic_prompts.py: a prompt file that loads, is reproducible and balanced, and avoids the benchmarks."""
+"""scripts/synthetic_prompts.py: a prompt file that loads, is reproducible and balanced, and avoids the benchmarks;
+the shipped file is its output byte for byte, from the templates in data/prompts/synthetic-templates.json."""
 import gzip
-import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -10,21 +11,16 @@ from pathlib import Path
 import pytest
 
 from blockdraft.prompts import load_prompts, read_records, shipped_prompts
+from tests.scripts import SCRIPTS, load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "synthetic_prompts.py"
+SCRIPT = SCRIPTS / "synthetic_prompts.py"
+PROMPTS = SCRIPTS.parent / "data" / "prompts"
 COUNT = 900
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("synthetic_prompts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script()
+    return load_script("synthetic_prompts")
 
 
 def write(script, path: Path, seed: int = 0, count: int = COUNT) -> Path:
@@ -45,6 +41,15 @@ def benchmark_eight_grams() -> set[tuple[str, ...]]:
             for turn in [m["content"] for m in prompt.messages] + list(prompt.followups):
                 out |= eight_grams(turn)
     return out
+
+
+def test_the_templates_file_is_canonical_json(script):
+    """Pretty-printed with sorted keys, so an edit shows up as a small diff; `kinds` fixes the categories' order."""
+    text = (PROMPTS / "synthetic-templates.json").read_text(encoding="utf-8")
+    raw = json.loads(text)
+    assert text == json.dumps(raw, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    assert list(script.data.TEMPLATES) == raw["kinds"] == ["writing", "roleplay", "reasoning", "math", "coding",
+                                                            "extraction", "stem", "humanities", "general"]
 
 
 def test_the_data_is_complete(script):
@@ -97,8 +102,10 @@ def test_an_impossible_count_fails_with_one_line_and_writes_nothing(tmp_path):
 
 
 def test_the_shipped_file_is_the_scripts_output_and_clear_of_the_benchmarks(script, tmp_path):
-    shipped = Path(__file__).resolve().parents[1] / "data" / "prompts" / "synthetic.jsonl.gz"
-    again = write(script, tmp_path / "again.jsonl.gz", seed=0, count=6000)
-    assert gzip.decompress(shipped.read_bytes()) == gzip.decompress(again.read_bytes())
+    """The documented command (default --count and --seed) writes data/prompts/synthetic.jsonl.gz byte for byte."""
+    shipped = PROMPTS / "synthetic.jsonl.gz"
+    again = tmp_path / "again.jsonl.gz"
+    script.main(["--out", str(again)])
+    assert again.read_bytes() == shipped.read_bytes()
     benchmark = benchmark_eight_grams()
     assert [p.text for p in load_prompts(str(shipped)) if eight_grams(p.text) & benchmark] == []

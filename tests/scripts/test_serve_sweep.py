@@ -1,4 +1,5 @@
-"""The multi-server load sweep: its summary, ratios and identity counts, and one real run on a tiny server."""
+"""scripts/serve_sweep.py, the multi-server load sweep: its summary, ratios and identity counts, and one real run
+on a tiny server."""
 from __future__ import annotations
 
 import contextlib
@@ -7,9 +8,13 @@ import sys
 
 import pytest
 
-from blockdraft.bench import serve_sweep
-from blockdraft.bench.serve_sweep import identity, markdown, parse_server, summarize, summarize_overhead
+from blockdraft.bench import servers
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
+from tests.scripts import load_script
+
+serve_sweep = load_script("serve_sweep")
+identity, markdown, parse_server = serve_sweep.identity, serve_sweep.markdown, serve_sweep.parse_server
+summarize, summarize_overhead = serve_sweep.summarize, serve_sweep.summarize_overhead
 
 
 def level(c: int, tok_s: float, texts: list[str | None], errors: int = 0) -> dict:
@@ -122,8 +127,8 @@ def test_servers_up_together_alternate_each_levels_order_from_round_to_round(mon
         calls.append((url[4:], c, warmup))
         return level(c, 10.0, ["x"] * max(c, 2))
 
-    monkeypatch.setattr(serve_sweep, "serving", serving)
-    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    monkeypatch.setattr(servers, "serving", serving)
+    monkeypatch.setattr(servers, "run_level", run_level)
     specs = [parse_server("a=serve {port}", (1, 4)), parse_server("b@1=serve {port}", (1, 4)),
              parse_server("c=serve {port}", (1, 4))]
     saved = []
@@ -166,8 +171,8 @@ def fake_servers(monkeypatch, run_level) -> None:
     def serving(spec, port, log_path):
         yield spec.name
 
-    monkeypatch.setattr(serve_sweep, "serving", serving)
-    monkeypatch.setattr(serve_sweep, "run_level", run_level)
+    monkeypatch.setattr(servers, "serving", serving)
+    monkeypatch.setattr(servers, "run_level", run_level)
 
 
 def test_a_server_that_goes_down_is_left_out_and_the_others_go_on(monkeypatch, tmp_path):
@@ -204,14 +209,3 @@ def test_markdown_names_the_machine():
     assert "\n\nMachine: Some Xeon (AVX512), 2 cores, torch 2.13.0, blockdraft at d46b622.\n\n|" in text
     assert "Machine:" not in markdown(result_of(runs()))
 
-
-def test_a_server_that_goes_down_one_at_a_time_ends_its_sweep_there(monkeypatch, tmp_path):
-    def run_level(url, prompts, c, max_tokens, warmup):
-        if c == 4:
-            raise BlockdraftError("no OpenAI-compatible server reachable at http://127.0.0.1:9 (refused)")
-        return level(c, 10.0, ["x"] * max(c, 2))
-
-    fake_servers(monkeypatch, run_level)
-    record = serve_sweep.run_server(parse_server("a=serve {port}", (1, 4, 8)), 0, ["p", "q"], 8, tmp_path / "a.log", 1)
-    assert [lv["concurrency"] for lv in record["levels"]] == [1]
-    assert record["down"].startswith("round 2, 4 clients: no OpenAI-compatible server")

@@ -1,10 +1,13 @@
-"""The README's results table is composed from bench runs and replaces only the text between its markers."""
+"""scripts/results.py: the README's results table is composed from bench runs and replaces only the text between
+its markers."""
 import json
 
 import pytest
 
-from blockdraft.bench import results
 from blockdraft.errors import InvalidArgumentError
+from tests.scripts import load_script
+
+results = load_script("results")
 
 ENV = {"cpu_model": "Test CPU", "cpu_capability": "AVX2", "device_name": "cpu", "torch_threads": 2,
        "dtype": "float32", "git_commit": "abcdef0123"}

@@ -1,5 +1,7 @@
 """Load sweep of several OpenAI-compatible servers on one machine, in ABBA rounds (docs/serve.md).
 
+    .venv/bin/python scripts/serve_sweep.py --server 'NAME=COMMAND {port}' [--server ...] --out OUT [flags]
+
     start every server (subprocesses, one after another, each once it answers: a first start measures the
     verify cost curves with the machine to itself), then for each round and concurrency: run that level
     closed-loop (`blockdraft.bench.load_client`) on each server in turn, the order alternating from level to
@@ -24,36 +26,25 @@ import argparse
 import contextlib
 import json
 import logging
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from tqdm import tqdm
 
+from blockdraft.bench import servers
 from blockdraft.bench.datasets import bench_prompts
-from blockdraft.bench.load_client import api_root, chat_payload, resolve_model, send_request, server_sweep
+from blockdraft.bench.load_client import api_root, chat_payload, resolve_model, send_request
 from blockdraft.bench.provenance import commit_label
+from blockdraft.bench.servers import ServerSpec
 from blockdraft.errors import BlockdraftError, InvalidArgumentError
 from blockdraft.files import atomic_path
 from blockdraft.prompts import Prompt
 
 log = logging.getLogger(__name__)
-
-_START_TIMEOUT_S = 900  # a first start measures the verify cost curves (cached afterwards)
-
-
-@dataclass(frozen=True)
-class ServerSpec:
-    name: str
-    command: list[str]  # "{port}" is replaced by the port
-    concurrency: tuple[int, ...]
 
 
 def parse_server(text: str, default_concurrency: tuple[int, ...]) -> ServerSpec:
@@ -68,115 +59,32 @@ def parse_server(text: str, default_concurrency: tuple[int, ...]) -> ServerSpec:
     return ServerSpec(name.strip(), command.split(), concurrency)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BlockdraftError(f"server exited with code {proc.returncode} before answering (see its log)")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise BlockdraftError(f"server at {url} did not answer within {timeout:.0f} s")
-
-
-@contextlib.contextmanager
-def serving(spec: ServerSpec, port: int, log_path: Path) -> Iterator[str]:
-    """Start `spec` (port 0: a free one), wait until it answers, yield its URL; stop it (SIGTERM) after."""
-    port = port or _free_port()
-    command = [part.replace("{port}", str(port)) for part in spec.command]
-    url = f"http://127.0.0.1:{port}"
-    log.info("%s: %s", spec.name, " ".join(command))
-    with open(log_path, "a") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            _wait_ready(url, proc, _START_TIMEOUT_S)
-            yield url
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def run_level(url: str, prompts: list[Prompt], c: int, max_tokens: int, warmup: bool) -> dict[str, Any]:
-    """One closed-loop level of `c` clients (max(c, P) requests, each text kept) against the server at `url`;
-    `started`: when its requests began (epoch seconds, to line it up with a server's own records)."""
-    level = server_sweep(url, prompts, [c], model=None, max_tokens=max_tokens, temperature=0.0,
-                         requests_per_level=max(c, len(prompts)), warmup=1 if warmup else 0, texts=True)["levels"][0]
-    return level | {"started": round(time.time() - level["wall_s"], 3)}  # the warm-up is not in wall_s
-
-
-def _run_record(spec: ServerSpec, levels: list[dict[str, Any]], round_: int) -> dict[str, Any]:
-    return {"name": spec.name, "command": [p.replace("{port}", "PORT") for p in spec.command], "levels": levels,
-            "round": round_}
-
-
-def run_server(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int, log_path: Path, round_: int = 0,
-               ) -> dict[str, Any]:
-    """Start `spec`, sweep its concurrencies, stop it; the sweep's levels (each with its texts). Port 0: a free one.
-    A server that stops answering ends its sweep there (`_add_level`)."""
-    record = _run_record(spec, [], round_)
-    with serving(spec, port, log_path) as url:
-        for i, c in enumerate(spec.concurrency):
-            if not _add_level(record, url, prompts, c, max_tokens, warmup=i == 0):
-                break
-    return record
-
-
-def _add_level(record: dict[str, Any], url: str, prompts: list[Prompt], c: int, max_tokens: int,
-               warmup: bool) -> bool:
-    """Run level `c` into the run record; False when the server no longer answers (it crashed): the record then
-    says where ("down") and its server's other levels should be skipped."""
-    try:
-        level = run_level(url, prompts, c, max_tokens, warmup)
-    except InvalidArgumentError:  # the sweep's own arguments: no server would do better
-        raise
-    except BlockdraftError as exc:
-        record["down"] = f"round {record['round'] + 1}, {c} clients: {exc}"
-        log.warning("%s is down (%s): its other levels are skipped; see %s.log", record["name"], exc, record["name"])
-        return False
-    record["levels"].append(level)
-    return True
-
-
 def run_together(specs: list[ServerSpec], port: int, prompts: list[Prompt], max_tokens: int, rounds: int,
                  out: Path, progress: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
     """Start every server (port 0: free ones; else port, port + 1, ...), then per round and concurrency run
     the level on each server that sweeps it, in `specs` order when round + level index is even, else reversed
-    (so each level's rounds pair up ABBA); stop them. One run record per server and round, as `run_server`
+    (so each level's rounds pair up ABBA); stop them. One run record per server and round, as `servers.run_server`
     makes; `progress(runs)` after every level. A server that stops answering (it crashed) is left out from
     then on, the others go on: its run record of that round says where ("down")."""
     levels = sorted({c for s in specs for c in s.concurrency})
     runs: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(serving(s, port + i if port else 0, out / f"{s.name}.log"))
+        urls = [stack.enter_context(servers.serving(s, port + i if port else 0, out / f"{s.name}.log"))
                 for i, s in enumerate(specs)]
         turn, warm, down = list(zip(specs, urls)), set(), set()
         for r in range(rounds):
-            current = {s.name: _run_record(s, [], r) for s in specs}
+            current = {s.name: servers.run_record(s, [], r) for s in specs}
             runs += current.values()
             for i, c in enumerate(levels):
                 for spec, url in turn if (r + i) % 2 == 0 else turn[::-1]:
                     if c not in spec.concurrency or spec.name in down:
                         continue
-                    if _add_level(current[spec.name], url, prompts, c, max_tokens, warmup=spec.name not in warm):
+                    if servers.add_level(current[spec.name], url, prompts, c, max_tokens, warmup=spec.name not in warm):
                         warm.add(spec.name)
                     else:
                         down.add(spec.name)
                 progress(runs)
     return runs
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def direct_worker(prompts: list[Prompt], max_tokens: int, target: str | None) -> None:
@@ -200,7 +108,7 @@ class _Direct:
     """The direct worker subprocess, asked one prompt at a time."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "blockdraft.bench.serve_sweep", "--direct-worker", *args],
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--direct-worker", *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for line in self.proc.stdout:  # the library logs to stderr; skip anything else a load prints
             if line.strip() == "ready":
@@ -227,7 +135,7 @@ def overhead(spec: ServerSpec, port: int, prompts: list[Prompt], max_tokens: int
     direct: over the seconds `Pipeline.stream` took. Also whether the two texts are the same."""
     direct = _Direct(worker_args)
     try:
-        with serving(spec, port, log_path) as url:
+        with servers.serving(spec, port, log_path) as url:
             root = api_root(url)
             model = resolve_model(root, None, None)
             endpoint, headers = f"{root}/v1/chat/completions", {"Content-Type": "application/json"}
@@ -434,7 +342,7 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m blockdraft.bench.serve_sweep", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="scripts/serve_sweep.py", description=__doc__.split("\n")[0])
     p.add_argument("--server", action="append", default=[], metavar="NAME[@C,..]=COMMAND",
                    help="a server to start and sweep ({port} in COMMAND); repeat; the first is the main one")
     p.add_argument("--baseline", action="append", default=[], help="server names to compare the main one with")
@@ -481,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_at_a_time:
         for r in range(args.rounds):
             for spec in specs if r % 2 == 0 else specs[::-1]:
-                runs.append(run_server(spec, args.port, prompts, args.max_tokens, out / f"{spec.name}.log", r))
+                runs.append(servers.run_server(spec, args.port, prompts, args.max_tokens, out / f"{spec.name}.log", r))
                 _save(out, args, runs, None, specs, len(prompts))
     else:
         runs = run_together(specs, args.port, prompts, args.max_tokens, args.rounds, out,

@@ -1,6 +1,6 @@
 """The README's one results table, composed from the runs of `scripts/results.sh` (`make results`).
 
-    python -m blockdraft.bench.results docs/figures/results --readme README.md
+    .venv/bin/python scripts/results.py docs/figures/results --readme README.md
 
 reads DIR/{t0,t07,batch8,acceptance}/bench.json, writes DIR/README.md, and replaces the README's table
 between its `<!-- results:start -->` and `<!-- results:end -->` markers.
@@ -14,7 +14,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from blockdraft.bench.provenance import commit_label
+from blockdraft.bench.provenance import commit_label, machine
 from blockdraft.errors import InvalidArgumentError
 from blockdraft.files import atomic_path
 
@@ -40,11 +40,6 @@ def load_runs(folder: Path) -> dict[str, dict[str, Any]]:
 def _x(row: dict[str, Any], base: str) -> str:
     value = row["speedup"].get(base)
     return f"{value:.2f}x" if value is not None else "-"
-
-
-def machine(env: dict[str, Any]) -> str:
-    return (f"{env.get('cpu_model') or env['device_name']} ({env.get('cpu_capability', '?')} kernels), "
-            f"{env['torch_threads']} threads, {env['dtype']}")
 
 
 def _present(runs: dict[str, dict[str, Any]], method: str) -> bool:
@@ -126,7 +121,7 @@ def update_readme(readme: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m blockdraft.bench.results", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="scripts/results.py", description=__doc__.splitlines()[0])
     p.add_argument("folder", help="the output folder of scripts/results.sh")
     p.add_argument("--readme", default=None, help="also put the table into this README, between the markers")
     args = p.parse_args(argv)
